@@ -1,0 +1,1 @@
+"""distillspec: distil draft models for speculative decoding, and measure them exactly."""

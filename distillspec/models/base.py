@@ -1,0 +1,60 @@
+"""The interface every model offers to the decoders.
+
+The decoders (`distillspec.sampling`, `distillspec.speculative`) never look inside a model: they
+drive any object with the methods below, in the spirit of T5X's `tokens_to_logits` callables. Tests
+drive them with stub models whose distributions are known exactly.
+
+Sequence layout on the decoder side: right-padded. Position `t` of row `b` holds the `t`-th token
+of that row; the key/value cache has a fixed length `cache_length` and is written in place.
+
+Cache contract (what makes rolling back rejected drafts a per-row index move):
+  * `extend(params, cache, tokens[B, K], positions[B])` writes the K tokens of row b at cache
+    positions `positions[b] .. positions[b] + K - 1` and returns their logits [B, K, V].
+  * The query at position `positions[b] + i` attends to cache positions `<= positions[b] + i`
+    only. Whatever lies beyond (padding from a ragged prompt, drafts that were rejected) is never
+    read and is simply overwritten later.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+
+Params = Any
+Cache = Any
+
+
+class DecodingModel(Protocol):
+    """What a model must provide to be decoded by `distillspec.sampling` / `speculative`."""
+
+    vocab_size: int  # Size of the logits' last axis.
+
+    def prefill(
+        self, params: Params, prompt_tokens: jax.Array, prompt_lengths: jax.Array, cache_length: int
+    ) -> tuple[Cache, jax.Array, jax.Array]:
+        """Consumes the prompt once and sets up a cache for decoding.
+
+        Args:
+          params: the model's parameter pytree.
+          prompt_tokens: [B, P] int32, right-padded prompts (decoder-only: the start of the
+            decoder sequence; encoder-decoder: the encoder input, 0 = padding).
+          prompt_lengths: [B] int32, number of real tokens per row (>= 1 for decoder-only).
+          cache_length: fixed length of the decoder-side cache, in positions.
+
+        Returns:
+          cache: the decoding state after the prompt.
+          prefix: [B, S] int32, the decoder-side sequence so far (decoder-only: the prompt;
+            encoder-decoder: the decoder start token, S = 1).
+          last_position: [B] int32, position of the last real token of `prefix`. The cache
+            holds valid entries for all positions < last_position; the token at last_position
+            has not necessarily been fed yet (the decoders feed it, and may rewrite positions
+            already written, which is harmless because the content is identical).
+        """
+        ...
+
+    def extend(
+        self, params: Params, cache: Cache, tokens: jax.Array, positions: jax.Array
+    ) -> tuple[jax.Array, Cache]:
+        """Feeds tokens [B, K] at per-row positions [B]; returns (logits [B, K, V] f32, cache)."""
+        ...

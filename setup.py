@@ -1,0 +1,31 @@
+"""Installer for distillspec (configuration for linters lives in pyproject.toml)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="distillspec",
+    version="0.1.0",
+    description=(
+        "Knowledge distillation of draft models for speculative decoding (DistillSpec), "
+        "with an exact JAX speculative decoder."
+    ),
+    packages=find_packages(include=["distillspec", "distillspec.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax",
+        "flax",
+        "optax",
+        "orbax-checkpoint",
+        "seqio",
+        "tensorflow-datasets",
+        "gin-config",
+        "safetensors",
+        "numpy",
+        "tqdm",
+    ],
+    extras_require={
+        # torch is pinned so that pip takes the CPU build that lies on the machine's disk;
+        # an unpinned torch pulls a multi-GB CUDA build.
+        "test": ["pytest", "scipy", "transformers", "torch==2.13.0"],
+    },
+)

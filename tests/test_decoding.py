@@ -1,0 +1,278 @@
+"""Plain and speculative decoding against stub models with exactly known distributions."""
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+from distillspec.decoding import generate, speculative_generate
+from distillspec.sampling import SamplingConfig, logits_to_probs
+from distillspec.speculative import Lenience
+from tests.test_utils import TRACE_COUNTS, MarkovStub, markov_pair, ragged_prompts
+
+SAMPLE = SamplingConfig(temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return markov_pair(vocab=16, seed=0, noise=1.0)
+
+
+@pytest.mark.parametrize("gamma", range(1, 9))
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_speculative_equals_greedy_target(pair, gamma, batch):
+    target, draft = pair
+    prompts, lengths = ragged_prompts(batch, 5, target.vocab_size, seed=gamma)
+    plain = generate(target, None, prompts, lengths, max_new_tokens=24)
+    spec = speculative_generate(
+        target, draft, None, None, prompts, lengths, gamma=gamma, max_new_tokens=24
+    )
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+    np.testing.assert_array_equal(spec.lengths, 24)
+    assert 0 < spec.alpha < 1  # The draft is neither perfect nor useless: both paths are hit.
+    np.testing.assert_array_equal(spec.draft_calls, gamma * spec.target_calls)
+    np.testing.assert_array_equal(spec.drafted, gamma * spec.target_calls)
+    assert spec.tau == pytest.approx(spec.lengths.sum() / spec.target_calls.sum())
+    # Rows in one batch advance independently: tokens per call = accepted + 1 except the last.
+    assert np.all(spec.lengths <= spec.accepted + spec.target_calls)
+
+
+def test_plain_decoding_counts_one_call_per_token(pair):
+    target, _ = pair
+    prompts, lengths = ragged_prompts(3, 4, target.vocab_size)
+    out = generate(target, None, prompts, lengths, max_new_tokens=7)
+    np.testing.assert_array_equal(out.target_calls, 7)
+    np.testing.assert_array_equal(out.draft_calls, 0)
+    assert out.tau == 1.0 and out.alpha == 0.0
+
+
+def test_plain_greedy_follows_the_table(pair):
+    target, _ = pair
+    prompt = np.array([[3, 5]], np.int32)
+    out = generate(target, None, prompt, np.array([2]), max_new_tokens=6)
+    seq = [3, 5]
+    for _ in range(6):
+        seq.append(int(np.argmax(target.next_probs(seq[-2], seq[-1]))))
+    assert out.tokens[0].tolist() == seq[2:]
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SAMPLE])
+def test_draft_equal_to_target_accepts_every_draft(pair, sampling):
+    target, _ = pair
+    prompts, lengths = ragged_prompts(4, 3, target.vocab_size)
+    out = speculative_generate(
+        target,
+        target,
+        None,
+        None,
+        prompts,
+        lengths,
+        jax.random.PRNGKey(1),
+        gamma=3,
+        max_new_tokens=16,
+        sampling=sampling,
+    )
+    np.testing.assert_array_equal(out.accepted, out.drafted)
+    np.testing.assert_array_equal(out.target_calls, 4)  # 16 tokens, 4 per round.
+
+
+def test_eos_and_max_length_per_row():
+    # A target that always emits 3 after 2 and 2 otherwise: rows hit EOS (3) at different times.
+    table = np.full((5, 5, 5), -10.0)
+    table[:, :, 2] = 10.0
+    table[:, 2, :] = -10.0
+    table[:, 2, 3] = 10.0
+    target, draft = MarkovStub(table, "eos_t"), MarkovStub(np.zeros_like(table), "eos_d")
+    prompts = np.array([[1, 1, 0], [1, 2, 0], [4, 4, 4]], np.int32)
+    lengths = np.array([1, 2, 3], np.int32)
+    for gamma in (1, 4):
+        out = speculative_generate(
+            target, draft, None, None, prompts, lengths, gamma=gamma, max_new_tokens=6, eos_id=3
+        )
+        assert out.tokens.tolist() == [[2, 3, 0, 0, 0, 0], [3, 0, 0, 0, 0, 0], [2, 3, 0, 0, 0, 0]]
+        assert out.lengths.tolist() == [2, 1, 2]
+    out = generate(target, None, prompts, lengths, max_new_tokens=6, eos_id=None)
+    assert out.lengths.tolist() == [6, 6, 6]
+
+
+def _joint_counts(tokens, vocab, n):
+    index = np.ravel_multi_index(tuple(tokens[:, :n].T), (vocab,) * n)
+    return np.bincount(index, minlength=vocab**n)
+
+
+def _chi2_pvalue(counts, probs):
+    """Pearson chi-square p-value of counts against probs (cells of probability 0 must be empty)."""
+    assert counts[probs == 0].sum() == 0
+    keep = probs > 0
+    expected = probs[keep] / probs[keep].sum() * counts.sum()
+    return stats.chisquare(counts[keep], expected).pvalue
+
+
+def _exact_joint(target, prompt, n):
+    """Exact probability of every continuation of length n under the target stub."""
+    vocab = target.vocab_size
+    probs = np.zeros((vocab,) * n)
+    for cont in itertools.product(range(vocab), repeat=n):
+        seq, pr = list(prompt), 1.0
+        for tok in cont:
+            pr *= target.next_probs(seq[-2], seq[-1])[tok]
+            seq.append(tok)
+        probs[cont] = pr
+    return probs.ravel()
+
+
+@pytest.mark.parametrize(
+    "gamma,sampling", [(1, SAMPLE), (2, SAMPLE), (3, SamplingConfig(1.0, top_k=3))]
+)
+def test_sampling_reproduces_target_distribution(gamma, sampling):
+    target, draft = markov_pair(vocab=4, seed=11, noise=1.5, scale=1.0)
+    n_samples, n_tokens = 60_000, 3
+    prompts = np.tile(np.array([[1, 2]], np.int32), (n_samples, 1))
+    lengths = np.full(n_samples, 2, np.int32)
+    out = speculative_generate(
+        target,
+        draft,
+        None,
+        None,
+        prompts,
+        lengths,
+        jax.random.PRNGKey(gamma),
+        gamma=gamma,
+        max_new_tokens=n_tokens,
+        sampling=sampling,
+    )
+    counts = _joint_counts(out.tokens, 4, n_tokens)
+    if sampling.top_k:
+        # The reference is the processed target: re-normalised top-3 of each exact distribution.
+        with np.errstate(divide="ignore"):  # log(0) = -inf outside the top 3 is intended.
+            processed = MarkovStub(
+                np.log(np.asarray(logits_to_probs(target.table, sampling))), "ref"
+            )
+        expected = _exact_joint(processed, [1, 2], n_tokens)
+    else:
+        expected = _exact_joint(target, [1, 2], n_tokens)
+    assert _chi2_pvalue(counts, expected) > 1e-3
+    assert 0.2 < out.alpha < 0.95
+
+
+def test_distribution_test_has_power_against_a_wrong_rule():
+    # Near-total lenience keeps almost every draft: outputs follow the draft, and the test says so.
+    target, draft = markov_pair(vocab=4, seed=11, noise=1.5, scale=1.0)
+    n_samples, n_tokens = 60_000, 3
+    prompts = np.tile(np.array([[1, 2]], np.int32), (n_samples, 1))
+    out = speculative_generate(
+        target,
+        draft,
+        None,
+        None,
+        prompts,
+        np.full(n_samples, 2, np.int32),
+        jax.random.PRNGKey(0),
+        gamma=2,
+        max_new_tokens=n_tokens,
+        sampling=SAMPLE,
+        lenience=Lenience("linear", 1e-6),
+    )
+    counts = _joint_counts(out.tokens, 4, n_tokens)
+    expected = _exact_joint(target, [1, 2], n_tokens)
+    assert stats.chisquare(counts, expected / expected.sum() * n_samples).pvalue < 1e-9
+
+
+def test_sampled_plain_decoding_reproduces_target_distribution():
+    target, _ = markov_pair(vocab=4, seed=11, noise=1.5, scale=1.0)
+    n_samples = 40_000
+    prompts = np.tile(np.array([[1, 2]], np.int32), (n_samples, 1))
+    out = generate(
+        target,
+        None,
+        prompts,
+        np.full(n_samples, 2, np.int32),
+        jax.random.PRNGKey(3),
+        max_new_tokens=2,
+        sampling=SAMPLE,
+    )
+    expected = _exact_joint(target, [1, 2], 2)
+    assert _chi2_pvalue(_joint_counts(out.tokens, 4, 2), expected) > 1e-3
+
+
+def test_no_recompilation_for_new_prompts_of_the_same_shape():
+    target, draft = markov_pair(vocab=8, seed=5, noise=0.5)
+    kwargs = dict(gamma=3, max_new_tokens=8)
+    for seed in range(3):
+        prompts, lengths = ragged_prompts(2, 6, 8, seed=seed)
+        speculative_generate(target, draft, None, None, prompts, lengths, **kwargs)
+        if seed == 0:
+            traces = dict(TRACE_COUNTS)
+    assert TRACE_COUNTS[target.name] == traces[target.name]
+    assert TRACE_COUNTS[draft.name] == traces[draft.name]
+
+
+def test_padded_vocabularies_work_with_explicit_vocab_size():
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((12, 12, 12)) * 2
+    target = MarkovStub(table, "pad_t")
+    draft = MarkovStub(table[:10, :10, :10] + rng.standard_normal((10, 10, 10)) * 0 + 0.3, "pad_d")
+    prompts, lengths = ragged_prompts(3, 4, 10)
+    with pytest.raises(ValueError, match="vocab_size=<the tokenizer's size>"):
+        speculative_generate(target, draft, None, None, prompts, lengths, gamma=2, max_new_tokens=8)
+    plain = generate(target, None, prompts, lengths, max_new_tokens=8, vocab_size=10)
+    spec = speculative_generate(
+        target, draft, None, None, prompts, lengths, gamma=2, max_new_tokens=8, vocab_size=10
+    )
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+    assert spec.tokens.max() < 10
+    with pytest.raises(ValueError, match="vocab_size must be in \\[1, 10\\], got 11"):
+        speculative_generate(
+            target, draft, None, None, prompts, lengths, gamma=2, max_new_tokens=8, vocab_size=11
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(gamma=0), "gamma must be an integer >= 1, got 0"),
+        (dict(gamma=2.5), "gamma must be an integer >= 1, got 2.5"),
+        (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
+    ],
+)
+def test_bad_decoding_arguments(pair, kwargs, message):
+    target, draft = pair
+    prompts, lengths = ragged_prompts(2, 3, 16)
+    args = dict(gamma=2, max_new_tokens=4) | kwargs
+    with pytest.raises(ValueError, match=message):
+        speculative_generate(target, draft, None, None, prompts, lengths, **args)
+
+
+def test_bad_prompt_lengths(pair):
+    target, _ = pair
+    with pytest.raises(ValueError, match=r"prompt_lengths must be in \[1, 3\], got \[0, 3\]"):
+        generate(target, None, np.ones((2, 3), np.int32), np.array([0, 3]), max_new_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(temperature=-1.0), "temperature must be >= 0"),
+        (dict(top_k=-2), "top_k must be an integer >= 0"),
+        (dict(top_p=0.0), "top_p must be in \\(0, 1\\]"),
+    ],
+)
+def test_bad_sampling_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**kwargs)
+
+
+def test_top_k_and_top_p_filters():
+    logits = np.log(np.array([[0.4, 0.3, 0.2, 0.1]]))
+    np.testing.assert_allclose(
+        logits_to_probs(logits, SamplingConfig(1.0, top_k=2)), [[4 / 7, 3 / 7, 0, 0]], rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        logits_to_probs(logits, SamplingConfig(1.0, top_p=0.75)),
+        [[4 / 9, 3 / 9, 2 / 9, 0]],
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(logits_to_probs(logits, SamplingConfig()), [[1, 0, 0, 0]])
+    np.testing.assert_allclose(logits_to_probs(logits, SamplingConfig(2.0)).sum(), 1.0, rtol=1e-6)

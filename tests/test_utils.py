@@ -1,0 +1,63 @@
+"""Shared test helpers: stub models with exactly known distributions, tiny configs."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# --------------------------------------------------------------------------------------------
+# Stub models for the decoders.
+# --------------------------------------------------------------------------------------------
+
+TRACE_COUNTS: dict[str, int] = {}
+
+
+class MarkovStub:
+    """A second-order Markov 'language model' implementing the DecodingModel interface.
+
+    The logits at position t are table[token[t - 1], token[t]] (token[-1] reads as 0). The
+    cache is the token sequence itself, so a decoder that feeds a wrong token, or feeds one at
+    the wrong position, changes the distributions and is caught by the exactness tests.
+    """
+
+    def __init__(self, table: np.ndarray, name: str = "stub"):
+        self.table = jnp.asarray(table, jnp.float32)  # [V, V, V] logits.
+        self.vocab_size = int(table.shape[-1])
+        self.name = name
+
+    def prefill(self, params, prompt_tokens, prompt_lengths, cache_length):
+        cache = jnp.zeros((prompt_tokens.shape[0], cache_length), jnp.int32)
+        _, cache = self.extend(params, cache, prompt_tokens, jnp.zeros_like(prompt_lengths))
+        return cache, prompt_tokens, prompt_lengths - 1
+
+    def extend(self, params, cache, tokens, positions):
+        TRACE_COUNTS[self.name] = TRACE_COUNTS.get(self.name, 0) + 1  # Counts traces only.
+        write = lambda row, t, p: jax.lax.dynamic_update_slice(row, t, (p,))
+        cache = jax.vmap(write)(cache, tokens.astype(jnp.int32), positions)
+        index = positions[:, None] + jnp.arange(tokens.shape[1])  # [B, K]
+        prev = jnp.where(index > 0, jnp.take_along_axis(cache, jnp.maximum(index - 1, 0), 1), 0)
+        table = self.table if params is None else params
+        return table[prev, tokens], cache
+
+    def next_probs(self, prev: int, last: int) -> np.ndarray:
+        """Exact next-token distribution after (prev, last)."""
+        return np.asarray(jax.nn.softmax(self.table[prev, last]), np.float64)
+
+
+def markov_pair(vocab: int, seed: int, noise: float, scale: float = 2.0):
+    """A target stub and a draft stub whose table is the target's plus Gaussian noise."""
+    rng = np.random.default_rng(seed)
+    table = scale * rng.standard_normal((vocab, vocab, vocab))
+    draft_table = table + noise * rng.standard_normal(table.shape)
+    return MarkovStub(table, f"target{seed}"), MarkovStub(draft_table, f"draft{seed}")
+
+
+def ragged_prompts(batch: int, length: int, vocab: int, seed: int = 0):
+    """Right-padded random prompts [B, P] with lengths in [1, P] (the first row is full)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, length + 1, size=batch)
+    lengths[0] = length
+    tokens = rng.integers(1, vocab, size=(batch, length))
+    tokens = np.where(np.arange(length) < lengths[:, None], tokens, 0)
+    return tokens.astype(np.int32), lengths.astype(np.int32)
