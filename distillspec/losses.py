@@ -1,0 +1,264 @@
+"""Distillation losses for DistillSpec: pure functions of logits and weights.
+
+Conventions (paper, Appendix A.1):
+  * P = p_teacher (the target model M_p), Q = q_student (the draft model M_q).
+  * Per-token functions take ``student_logits`` and ``teacher_logits`` of shape [..., V]
+    (usually [B, L, V]) and return one value per token, shape [...] (usually [B, L]).
+  * Reductions return ``(loss_sum, weight_sum)``: sums over all tokens of ``value * weight``
+    and of ``weight``. Normalisation happens once, on the host at logging time, via `mean`.
+
+Everything is computed in float32 from ``log_softmax`` of the logits; masking is by
+multiplication (shapes stay fixed, no boolean indexing), so a weight-0 token contributes exactly
+0 to the loss and to the gradient. Both temperatures are 1.0, as in the paper.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+KINDS = ("fkl", "rkl", "jsd", "tvd")
+
+
+def _log_probs(logits: ArrayLike) -> jax.Array:
+    """float32 log-softmax over the last (vocabulary) axis: [..., V] -> [..., V]."""
+    return jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+
+
+def _kl_from_log_probs(log_a: jax.Array, log_b: jax.Array) -> jax.Array:
+    """KL(a || b) = sum_v a (log a - log b), with 0 * log 0 = 0: [..., V] -> [...].
+
+    The double ``where`` keeps the value and the gradient finite where a = 0 even if
+    log a or log b is -inf there (e.g. vocabulary padding masked with -inf logits).
+    """
+    a = jnp.exp(log_a)
+    diff = jnp.where(a > 0, log_a - log_b, 0.0)
+    return jnp.sum(a * diff, axis=-1)
+
+
+def forward_kl(student_logits: ArrayLike, teacher_logits: ArrayLike) -> jax.Array:
+    """Forward KL per token: KL(p_teacher || q_student) = sum_v p (log p - log q).
+
+    Mass-covering: the student is penalised wherever the teacher has mass it lacks.
+
+    Args:
+      student_logits: [B, L, V] logits of the student q.
+      teacher_logits: [B, L, V] logits of the teacher p.
+
+    Returns:
+      [B, L] float32 divergences, >= 0.
+    """
+    return _kl_from_log_probs(_log_probs(teacher_logits), _log_probs(student_logits))
+
+
+def reverse_kl(student_logits: ArrayLike, teacher_logits: ArrayLike) -> jax.Array:
+    """Reverse KL per token: KL(q_student || p_teacher) = sum_v q (log q - log p).
+
+    Mode-seeking: the student is penalised for mass where the teacher has little.
+
+    Args:
+      student_logits: [B, L, V] logits of the student q.
+      teacher_logits: [B, L, V] logits of the teacher p.
+
+    Returns:
+      [B, L] float32 divergences, >= 0.
+    """
+    return _kl_from_log_probs(_log_probs(student_logits), _log_probs(teacher_logits))
+
+
+def generalized_jsd(
+    student_logits: ArrayLike, teacher_logits: ArrayLike, beta: float = 0.5
+) -> jax.Array:
+    """Generalized Jensen-Shannon divergence per token, paper Eq. (A.3).
+
+    JSD[beta](p || q) = beta KL(p || m) + (1 - beta) KL(q || m),  m = beta p + (1 - beta) q,
+    with p = p_teacher and q = q_student. beta = 0.5 is the symmetric JS divergence (A.2).
+
+    Limits (Appendix A.1, Huszar 2015), the convention the tests pin down:
+      * beta -> 0: JSD[beta](p || q) / beta -> KL(p || q), i.e. forward KL;
+      * beta -> 1: JSD[beta](p || q) / (1 - beta) -> KL(q || p), i.e. reverse KL,
+        since JSD[beta](p || q) = JSD[1 - beta](q || p).
+    At the exact endpoints beta = 0 and beta = 1 the formula gives m = q resp. m = p, so the
+    divergence is identically 0 (and so is its gradient); use 'fkl' / 'rkl' for the limits.
+
+    Args:
+      student_logits: [B, L, V] logits of the student q.
+      teacher_logits: [B, L, V] logits of the teacher p.
+      beta: mixture weight of the teacher in m, a Python float in [0, 1].
+
+    Returns:
+      [B, L] float32 divergences, >= 0.
+
+    Raises:
+      ValueError: if beta is outside [0, 1].
+    """
+    beta = _check_beta(beta)
+    log_p, log_q = _log_probs(teacher_logits), _log_probs(student_logits)
+    log_beta = math.log(beta) if beta > 0 else -math.inf
+    log_one_minus_beta = math.log1p(-beta) if beta < 1 else -math.inf
+    log_m = jnp.logaddexp(log_beta + log_p, log_one_minus_beta + log_q)
+    # Terms with weight 0 are skipped (not multiplied by 0) so that inf * 0 cannot give NaN.
+    result = jnp.zeros(log_p.shape[:-1], jnp.float32)
+    if beta > 0:
+        result += beta * _kl_from_log_probs(log_p, log_m)
+    if beta < 1:
+        result += (1.0 - beta) * _kl_from_log_probs(log_q, log_m)
+    return result
+
+
+def total_variation(student_logits: ArrayLike, teacher_logits: ArrayLike) -> jax.Array:
+    """Total variation distance per token: TVD(p, q) = 1/2 sum_v |p - q| (symmetric).
+
+    Args:
+      student_logits: [B, L, V] logits of the student q.
+      teacher_logits: [B, L, V] logits of the teacher p.
+
+    Returns:
+      [B, L] float32 distances in [0, 1].
+    """
+    p = jnp.exp(_log_probs(teacher_logits))
+    q = jnp.exp(_log_probs(student_logits))
+    return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
+
+
+def divergence(
+    student_logits: ArrayLike,
+    teacher_logits: ArrayLike,
+    weights: ArrayLike,
+    kind: str,
+    beta: float = 0.5,
+) -> tuple[jax.Array, jax.Array]:
+    """Weighted sum of a per-token divergence between teacher p and student q.
+
+    kind: 'fkl' = KL(p_teacher || q_student), 'rkl' = KL(q_student || p_teacher),
+    'jsd' = JSD[beta](p_teacher || q_student) (see `generalized_jsd`), 'tvd' = TVD(p, q).
+
+    Args:
+      student_logits: [B, L, V] logits of the student q (gradients flow here).
+      teacher_logits: [B, L, V] logits of the teacher p (callers stop gradients).
+      weights: [B, L] non-negative token weights; 0 masks a token (padding, prompt).
+      kind: one of `KINDS`.
+      beta: JSD mixture weight in [0, 1]; validated for every kind, used only by 'jsd'.
+
+    Returns:
+      (loss_sum, weight_sum): float32 scalars, sum_{b,l} D_{b,l} w_{b,l} and sum_{b,l} w_{b,l}.
+
+    Raises:
+      ValueError: on an unknown kind, beta outside [0, 1], or mismatched shapes.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"Unknown divergence kind {kind!r}; valid kinds are {KINDS}.")
+    beta = _check_beta(beta)
+    _check_shapes(student_logits, teacher_logits, weights)
+    student_logits = _zero_masked(student_logits, weights)
+    teacher_logits = _zero_masked(teacher_logits, weights)
+    if kind == "fkl":
+        per_token = forward_kl(student_logits, teacher_logits)
+    elif kind == "rkl":
+        per_token = reverse_kl(student_logits, teacher_logits)
+    elif kind == "jsd":
+        per_token = generalized_jsd(student_logits, teacher_logits, beta)
+    else:
+        per_token = total_variation(student_logits, teacher_logits)
+    return _weighted_sum(per_token, weights)
+
+
+def cross_entropy(
+    student_logits: ArrayLike, target_tokens: ArrayLike, weights: ArrayLike
+) -> tuple[jax.Array, jax.Array]:
+    """Token-level negative log-likelihood of given targets, for supervised baselines.
+
+    NLL_{b,l} = -log q_student(target_{b,l}); equals forward KL to a one-hot teacher.
+
+    Args:
+      student_logits: [B, L, V] logits of the student q.
+      target_tokens: [B, L] integer token ids in [0, V).
+      weights: [B, L] non-negative token weights; 0 masks a token.
+
+    Returns:
+      (loss_sum, weight_sum): float32 scalars, sum NLL * w and sum w.
+    """
+    log_q = _log_probs(_zero_masked(student_logits, weights))
+    targets = jnp.asarray(target_tokens, jnp.int32)[..., None]
+    nll = -jnp.take_along_axis(log_q, targets, axis=-1)[..., 0]
+    return _weighted_sum(nll, weights)
+
+
+def acceptance_proxy(
+    student_logits: ArrayLike, teacher_logits: ArrayLike, weights: ArrayLike
+) -> tuple[jax.Array, jax.Array]:
+    """Training-time proxy of the speculative acceptance rate.
+
+    The probability that one token drafted from q is accepted by target p is
+    alpha(p, q) = sum_v min(p, q) = 1 - TVD(p, q) (Leviathan et al., 2023); this sums it
+    over tokens: sum_{b,l} (1 - TVD(p_{b,l}, q_{b,l})) w_{b,l}.
+
+    Args:
+      student_logits: [B, L, V] logits of the student (draft) q.
+      teacher_logits: [B, L, V] logits of the teacher (target) p.
+      weights: [B, L] non-negative token weights; 0 masks a token.
+
+    Returns:
+      (acceptance_sum, weight_sum): float32 scalars; their ratio is the mean acceptance.
+    """
+    _check_shapes(student_logits, teacher_logits, weights)
+    p = jnp.exp(_log_probs(_zero_masked(teacher_logits, weights)))
+    q = jnp.exp(_log_probs(_zero_masked(student_logits, weights)))
+    # sum min(p, q) is the same quantity as 1 - TVD without the cancellation near TVD = 1.
+    return _weighted_sum(jnp.sum(jnp.minimum(p, q), axis=-1), weights)
+
+
+def mean(loss_sum: ArrayLike, weight_sum: ArrayLike) -> jax.Array:
+    """loss_sum / weight_sum, or 0 when weight_sum is 0 (never divides by zero).
+
+    Args:
+      loss_sum: scalar (or any shape) sum of weighted values.
+      weight_sum: matching sum of weights.
+
+    Returns:
+      float32 array of the broadcast shape.
+    """
+    loss_sum = jnp.asarray(loss_sum, jnp.float32)
+    weight_sum = jnp.asarray(weight_sum, jnp.float32)
+    nonzero = weight_sum != 0
+    return jnp.where(nonzero, loss_sum / jnp.where(nonzero, weight_sum, 1.0), 0.0)
+
+
+def _zero_masked(logits: ArrayLike, weights: ArrayLike) -> jax.Array:
+    """float32 logits [..., V] with weight-0 positions set to 0 (a uniform distribution).
+
+    Whatever sits at padding (huge values, inf, NaN) then cannot leak into the loss or, through
+    0 * inf in a backward pass, into the gradient; the gradient there is exactly 0.
+    """
+    keep = jnp.asarray(weights)[..., None] != 0
+    return jnp.where(keep, jnp.asarray(logits, jnp.float32), 0.0)
+
+
+def _weighted_sum(per_token: jax.Array, weights: ArrayLike) -> tuple[jax.Array, jax.Array]:
+    """(sum per_token * w, sum w) over all tokens, in float32; masking is by multiplication."""
+    weights = jnp.asarray(weights, jnp.float32)
+    return jnp.sum(per_token * weights), jnp.sum(weights)
+
+
+def _check_beta(beta: float) -> float:
+    """Returns beta as a float, or raises ValueError unless 0 <= beta <= 1."""
+    beta = float(beta)
+    if not 0.0 <= beta <= 1.0:  # also rejects NaN
+        raise ValueError(f"JSD beta must be in [0, 1], got beta={beta}.")
+    return beta
+
+
+def _check_shapes(student_logits: ArrayLike, teacher_logits: ArrayLike, weights: ArrayLike):
+    """Raises ValueError unless logits are [..., V] alike and weights are [...]."""
+    s_shape, t_shape = jnp.shape(student_logits), jnp.shape(teacher_logits)
+    w_shape = jnp.shape(weights)
+    if s_shape != t_shape:
+        raise ValueError(
+            f"student_logits {s_shape} and teacher_logits {t_shape} must have the same "
+            "shape [B, L, V] (same vocabulary size V)."
+        )
+    if w_shape != s_shape[:-1]:
+        raise ValueError(f"weights {w_shape} must have shape {s_shape[:-1]} (logits [B, L, V]).")
