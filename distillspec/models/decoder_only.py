@@ -1,0 +1,243 @@
+"""Decoder-only Transformer covering GPT-2, Llama and Qwen2 from one configurable implementation.
+
+GPT-2: learned absolute positions, LayerNorm, gelu_new MLP, biases everywhere, tied embeddings.
+Llama / Qwen2: RoPE, RMSNorm, SwiGLU, grouped-query attention, optional q/k/v bias (Qwen2),
+tied or untied lm head. Layers are stacked with nn.scan, so every layer parameter and the KV
+cache carry a leading [num_layers] axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from distillspec.models import layers
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def check_choice(name: str, value: Any, choices: Any) -> None:
+    """Raises ValueError naming the field, the bad value and the valid choices."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; choose one of {sorted(choices)}.")
+
+
+def check_positive(config: Any, names: tuple[str, ...]) -> None:
+    """Raises ValueError unless every named field of `config` is > 0."""
+    for name in names:
+        value = getattr(config, name)
+        if not value > 0:
+            raise ValueError(f"{name}={value!r} must be > 0.")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Architecture of a decoder-only Transformer (defaults: a tiny Llama-style model)."""
+
+    vocab_size: int = 256  # Rows of the token embedding and columns of the lm head.
+    embed_dim: int = 64  # Model width (HF hidden_size / n_embd).
+    num_layers: int = 2  # Number of Transformer blocks.
+    num_heads: int = 4  # Query heads.
+    num_kv_heads: int = 4  # Key/value heads; fewer than num_heads is grouped-query attention.
+    head_dim: int = 16  # Width of one attention head.
+    mlp_dim: int = 256  # Hidden width of the feed-forward block.
+    position_embedding: str = "rope"  # 'rope' (Llama, Qwen2) or 'learned' absolute table (GPT-2).
+    max_positions: int = 2048  # Rows of the learned position table (unused by 'rope').
+    rope_theta: float = 10000.0  # RoPE base frequency (unused by 'learned').
+    norm: str = "rmsnorm"  # 'rmsnorm' (Llama, Qwen2) or 'layernorm' with bias (GPT-2).
+    norm_eps: float = 1e-6  # Epsilon added to the variance inside the norms.
+    activation: str = "silu"  # MLP nonlinearity: 'silu', 'gelu_new' (tanh approx.), 'gelu', 'relu'.
+    gated_mlp: bool = True  # act(x W_gate) * (x W_up) (SwiGLU) instead of act(x W_in).
+    qkv_bias: bool = False  # Biases on the query/key/value projections (GPT-2, Qwen2).
+    out_bias: bool = False  # Bias on the attention output projection (GPT-2).
+    mlp_bias: bool = False  # Biases in the feed-forward block (GPT-2).
+    tie_embeddings: bool = False  # lm head = transposed token embedding (GPT-2, small Qwen2).
+    dtype: str = "float32"  # Compute dtype, 'float32' or 'bfloat16'; params stay float32.
+    init_std: float = 0.02  # Std of the normal init of fresh parameters (HF's initializer_range).
+
+    def __post_init__(self):
+        check_positive(self, ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads"))
+        check_positive(self, ("head_dim", "mlp_dim", "max_positions", "rope_theta", "norm_eps"))
+        check_positive(self, ("init_std",))
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of "
+                f"num_kv_heads={self.num_kv_heads}."
+            )
+        check_choice("position_embedding", self.position_embedding, {"rope", "learned"})
+        check_choice("norm", self.norm, {"rmsnorm", "layernorm"})
+        check_choice("activation", self.activation, set(layers.ACTIVATIONS))
+        check_choice("dtype", self.dtype, set(DTYPES))
+        if self.position_embedding == "rope" and self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")
+
+    @property
+    def compute_dtype(self) -> Any:
+        return DTYPES[self.dtype]
+
+
+class _Block(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x, mask, positions, cache):
+        """x [B, T, E]; mask [B, 1, T, S]; positions [B, T]; cache {'k','v'} [B, S, Hkv, D] | {}."""
+        cfg, dtype = self.config, self.config.compute_dtype
+        norm = functools.partial(
+            layers.Norm, cfg.norm_eps, center=cfg.norm == "layernorm", dtype=dtype
+        )
+        init = nn.initializers.normal(cfg.init_std)
+        attention = layers.Attention(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.embed_dim, dtype,
+            qkv_bias=cfg.qkv_bias, out_bias=cfg.out_bias,
+            rope_theta=cfg.rope_theta if cfg.position_embedding == "rope" else None,
+            kernel_init=init, name="attn",
+        )  # fmt: skip
+        h, cache = attention.self_attention(norm(name="attn_norm")(x), mask, positions, cache)
+        x = x + h
+        mlp = layers.Mlp(
+            cfg.mlp_dim, cfg.embed_dim, cfg.activation, cfg.gated_mlp, cfg.mlp_bias, dtype,
+            kernel_init=init, name="mlp",
+        )  # fmt: skip
+        return x + mlp(norm(name="mlp_norm")(x)), cache
+
+
+class DecoderOnlyTransformer(nn.Module):
+    """The flax module; use it through `DecoderOnlyLM`."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg, dtype = self.config, self.config.compute_dtype
+        init = nn.initializers.normal(cfg.init_std)
+        self.embed = layers.Embed(cfg.vocab_size, cfg.embed_dim, dtype=dtype, embedding_init=init)
+        if cfg.position_embedding == "learned":
+            self.pos_embed = layers.Embed(
+                cfg.max_positions, cfg.embed_dim, ("abspos", "embed"), dtype, init
+            )
+        in_axes = (nn.broadcast, nn.broadcast, 0)
+        self.layers = layers.scan_layers(_Block, cfg.num_layers, in_axes)(cfg)
+        self.final_norm = layers.Norm(cfg.norm_eps, cfg.norm == "layernorm", dtype)
+        if not cfg.tie_embeddings:
+            self.lm_head = layers.DenseGeneral(
+                (cfg.vocab_size,), ("embed", "vocab"), dtype=dtype, out_dtype=jnp.float32,
+                kernel_init=init,
+            )  # fmt: skip
+
+    def __call__(
+        self, tokens: jax.Array, starts: jax.Array, cache: dict[str, jax.Array]
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Runs tokens [B, T] placed at positions starts[b] .. starts[b] + T - 1.
+
+        Args:
+          tokens: [B, T] int token ids.
+          starts: [B] int position of each row's first token.
+          cache: {'k', 'v'} [num_layers, B, S, Hkv, D], or {} to attend within `tokens` only
+            (teacher forcing; then starts must be 0).
+
+        Returns:
+          (logits [B, T, V] float32, updated cache or {}).
+        """
+        positions = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
+        key_length = cache["k"].shape[2] if cache else tokens.shape[1]
+        mask = layers.causal_mask(positions, key_length)
+        x = self.embed(tokens)
+        if self.config.position_embedding == "learned":
+            x = x + self.pos_embed(positions)
+        x, cache = self.layers(x, mask, positions, cache)
+        x = self.final_norm(x)
+        logits = self.embed.attend(x) if self.config.tie_embeddings else self.lm_head(x)
+        return logits.astype(jnp.float32), cache
+
+
+class DecoderOnlyLM:
+    """A decoder-only language model implementing `distillspec.models.base.DecodingModel`.
+
+    Params are a plain pytree of float32 arrays (no flax boxing); `logical_axes()` gives their
+    logical PartitionSpecs. All methods are jit-traceable; `cache_length` is a static int.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.module = DecoderOnlyTransformer(config)
+
+    def _init_variables(self, rng: jax.Array) -> Any:
+        tokens = jnp.zeros((1, 1), jnp.int32)
+        return self.module.init(rng, tokens, jnp.zeros((1,), jnp.int32), {})
+
+    def init(self, rng: jax.Array) -> Any:
+        """Fresh parameters (plain float32 pytree) from a PRNG key."""
+        # One compiled program instead of hundreds of eagerly dispatched initialisers.
+        return nn.meta.unbox(jax.jit(self._init_variables)(rng)["params"])
+
+    def logical_axes(self) -> Any:
+        """Pytree of `jax.sharding.PartitionSpec` of logical axis names, matching `init`'s."""
+        abstract = jax.eval_shape(self._init_variables, jax.random.PRNGKey(0))
+        return nn.get_partition_spec(abstract)["params"]
+
+    def logits(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+        """Teacher-forced logits.
+
+        Args:
+          params: model parameters.
+          batch: {'decoder_input_tokens': [B, L] int}. Rows are right-padded; attention is
+            causal, so real positions never attend to the right padding, and logits at padding
+            positions are meaningless (losses weight them out).
+
+        Returns:
+          [B, L, V] float32 logits; position t predicts token t + 1.
+        """
+        tokens = batch["decoder_input_tokens"]
+        starts = jnp.zeros((tokens.shape[0],), jnp.int32)
+        logits, _ = self.module.apply({"params": params}, tokens, starts, {})
+        return logits
+
+    def init_cache(self, batch_size: int, cache_length: int) -> dict[str, jax.Array]:
+        """Zero cache {'k', 'v'}: [num_layers, B, cache_length, num_kv_heads, head_dim] each."""
+        cfg = self.config
+        shape = (cfg.num_layers, batch_size, cache_length, cfg.num_kv_heads, cfg.head_dim)
+        zeros = jnp.zeros(shape, cfg.compute_dtype)
+        return {"k": zeros, "v": zeros}
+
+    def prefill(
+        self, params: Any, prompt_tokens: jax.Array, prompt_lengths: jax.Array, cache_length: int
+    ) -> tuple[dict[str, jax.Array], jax.Array, jax.Array]:
+        """Feeds the whole padded prompt at position 0 into a fresh cache (see base.py).
+
+        Padding slots get written too; they lie at positions >= prompt_lengths and are never
+        read before the decoders overwrite them.
+
+        Returns:
+          (cache, prompt_tokens [B, P], prompt_lengths - 1 [B]).
+        """
+        batch, prompt_length = prompt_tokens.shape
+        if prompt_length > cache_length:
+            raise ValueError(f"prompt length {prompt_length} exceeds cache_length={cache_length}.")
+        cfg = self.config
+        if cfg.position_embedding == "learned" and cache_length > cfg.max_positions:
+            # Gathers past the position table would silently clamp to its last row.
+            raise ValueError(
+                f"cache_length={cache_length} exceeds max_positions={cfg.max_positions}."
+            )
+        cache = self.init_cache(batch, cache_length)
+        starts = jnp.zeros((batch,), jnp.int32)
+        _, cache = self.extend(params, cache, prompt_tokens, starts)
+        return cache, prompt_tokens, prompt_lengths - 1
+
+    def extend(
+        self, params: Any, cache: dict[str, jax.Array], tokens: jax.Array, positions: jax.Array
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Feeds tokens [B, K] at per-row starts [B]; returns (logits [B, K, V], cache).
+
+        Row b's tokens go to cache slots positions[b] .. positions[b] + K - 1 (the caller keeps
+        them < cache_length); each query attends to slots <= its own position only.
+        """
+        return self.module.apply({"params": params}, tokens, positions, cache)
