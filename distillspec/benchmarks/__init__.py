@@ -1,0 +1,1 @@
+"""Benchmark scripts: each prints JSON ratios measured in one process (GUIDE.md section 4)."""
