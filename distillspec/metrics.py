@@ -1,0 +1,210 @@
+"""Training metrics: `MODEL_DIR/metrics.jsonl`, TensorBoard scalars, and a console progress bar.
+
+metrics.jsonl holds one JSON object per `log` call, e.g. {"step": 100, "loss": 2.31, ...}; it is
+the record that tables and plots read. TensorBoard event files go to `MODEL_DIR/train/`.
+
+Resuming: lines logged after the last checkpoint and before a crash describe steps the resumed
+run will redo. `MetricsLogger` therefore drops every line with step > `start_step` when it
+opens the file (`truncate_after`), so the log of a resumed run equals an uninterrupted run's.
+
+TensorFlow is imported lazily, inside `MetricsLogger`, and only for the event writer; reading
+and truncating metrics.jsonl needs no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import tqdm
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_SUBDIR = "train"
+
+
+def _metrics_path(model_dir: str) -> str:
+    return os.path.join(model_dir, METRICS_FILE)
+
+
+def _parse_lines(path: str) -> list[dict[str, Any]]:
+    """Parses a metrics.jsonl file, tolerating a torn last line (a kill -9 mid-write).
+
+    Raises:
+      ValueError: naming file and line, for an unparseable line that is not the torn last one.
+    """
+    with open(path) as f:
+        lines = f.read().split("\n")
+    # A complete file ends with "\n", so a non-empty last piece is a line cut short.
+    torn = lines.pop()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number} is not a JSON object: {line[:200]!r}") from e
+    if torn:
+        logging.warning("Ignoring a torn last line in %s: %r", path, torn[:200])
+    return records
+
+
+def read_metrics(model_dir: str) -> list[dict[str, Any]]:
+    """All records of `MODEL_DIR/metrics.jsonl` in file order ([] if the file does not exist)."""
+    path = _metrics_path(model_dir)
+    if not os.path.exists(path):
+        return []
+    return _parse_lines(path)
+
+
+def truncate_after(model_dir: str, step: int) -> None:
+    """Rewrites metrics.jsonl keeping only records with `record['step'] <= step`.
+
+    The rewrite goes to a temporary file that replaces the original with `os.replace`, so a
+    crash during it leaves either the old or the new file, never a mix.
+    """
+    path = _metrics_path(model_dir)
+    if not os.path.exists(path):
+        return
+    kept = [r for r in _parse_lines(path) if r["step"] <= step]
+    fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=f".{METRICS_FILE}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(tmp, path)
+    except BaseException:
+        os.remove(tmp)
+        raise
+
+
+def _import_tf() -> Any:
+    """TensorFlow with its GPUs hidden, so that it does not take accelerator memory from JAX."""
+    import tensorflow as tf
+
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:  # TF already initialised its devices elsewhere; leave that choice.
+        pass
+    return tf
+
+
+class _EventWriter:
+    """TensorBoard scalar writer on `tf.summary.write`.
+
+    `tf.summary.scalar` needs the `tensorboard` package; `tf.summary.write` with the 'scalars'
+    plugin metadata writes the same event without it.
+    """
+
+    def __init__(self, logdir: str):
+        self._tf = _import_tf()
+        from tensorflow.core.framework import summary_pb2
+
+        self._metadata = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+            data_class=summary_pb2.DATA_CLASS_SCALAR,
+        )
+        self._writer = self._tf.summary.create_file_writer(logdir)
+
+    def write(self, step: int, scalars: Mapping[str, float]) -> None:
+        tf = self._tf
+        with self._writer.as_default():
+            for tag, value in scalars.items():
+                tf.summary.write(
+                    tag, tf.constant(value, tf.float32), step=step, metadata=self._metadata
+                )
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class MetricsLogger:
+    """Writes each step's scalar metrics to metrics.jsonl, TensorBoard and the console.
+
+    Example:
+      logger = MetricsLogger(model_dir, total_steps=1000, start_step=restored_step)
+      logger.log(step, {"loss": 2.3, "learning_rate": 1e-3})
+      logger.close()
+    """
+
+    def __init__(self, model_dir: str, total_steps: int, start_step: int = 0, console: bool = True):
+        """Opens the outputs; drops metrics.jsonl records with step > `start_step`.
+
+        Args:
+          model_dir: the run's MODEL_DIR (created if missing).
+          total_steps: the step training ends at; drives the progress bar's ETA.
+          start_step: the step training (re)starts from, e.g. the restored checkpoint's.
+          console: show a progress bar (step, steps/s, ETA, loss) on stderr.
+
+        Raises:
+          ValueError: if `start_step` is not within [0, total_steps].
+        """
+        if not 0 <= start_step <= total_steps:
+            raise ValueError(
+                f"start_step must be in [0, total_steps={total_steps}], got {start_step}"
+            )
+        os.makedirs(model_dir, exist_ok=True)
+        self.model_dir = model_dir
+        truncate_after(model_dir, start_step)
+        self._file = open(_metrics_path(model_dir), "a")
+        self._events = _EventWriter(os.path.join(model_dir, TENSORBOARD_SUBDIR))
+        self._bar = None
+        if console:
+            # tqdm's rate counts only updates made here, so steps/s and ETA are right on resume.
+            self._bar = tqdm.tqdm(
+                total=total_steps,
+                initial=start_step,
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Records scalar `metrics` for `step` (values: Python, NumPy or JAX scalars).
+
+        Raises:
+          ValueError: if a value is not a scalar, or the metrics contain the key 'step'.
+        """
+        if "step" in metrics:
+            raise ValueError("metrics must not contain the key 'step'; pass it as `step`")
+        scalars = {name: _to_float(name, value) for name, value in metrics.items()}
+        # File first: it is the record of truth, and a flushed line survives a kill -9.
+        self._file.write(json.dumps({"step": int(step), **scalars}) + "\n")
+        self._file.flush()
+        self._events.write(int(step), scalars)
+        if self._bar is not None:
+            self._show_progress(step, scalars)
+
+    def _show_progress(self, step: int, scalars: Mapping[str, float]) -> None:
+        # Clamped to total: past it tqdm drops the bar and the ETA.
+        if "loss" in scalars:
+            self._bar.set_postfix(loss=f"{scalars['loss']:.4g}", refresh=False)
+        self._bar.update(max(0, min(step, self._bar.total) - self._bar.n))
+        # Redrawn on every call (update alone redraws at most every 0.1 s): the trainer already
+        # logs only every few steps.
+        self._bar.refresh()
+
+    def close(self) -> None:
+        """Flushes and closes all outputs."""
+        if self._bar is not None:
+            self._bar.close()
+        self._events.close()
+        self._file.close()
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _to_float(name: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"metric {name!r} must be a scalar number, got {value!r}") from e
