@@ -1,0 +1,434 @@
+"""Evaluating draft models for speculative decoding: alpha, tau, tau_theory and speed-up.
+
+For every (draft, gamma, temperature) of a grid, `evaluate_drafts` decodes the same prompts with
+the plain target decoder and with the speculative decoder and returns one flat record:
+
+  alpha      = accepted drafts / drafted tokens                 (over all valid prompt rows)
+  tau        = generated tokens / target calls                  (block efficiency)
+  mean_tvd   = mean over the target's own continuations of TVD(p_target, q_draft), both processed
+               with the record's temperature (T = 0: one-hot argmax, so TVD = [argmaxes differ])
+  tau_theory = (1 - a^(gamma+1)) / (1 - a) with a = 1 - mean_tvd  (DistillSpec Fig. 3c)
+  speedup    = (spec tokens / spec time) / (plain tokens / plain time), timed in this process,
+               compilation excluded, plain and speculative calls interleaved batch by batch.
+
+Records go to `records.jsonl` (`append_records`); `distillspec.tables` formats them without JAX.
+This module is library code: no gin here (a run function wraps it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from distillspec.decoding import (
+    DecodeResult,
+    _shared_vocab_size,
+    generate,
+    speculative_generate,
+)
+from distillspec.sampling import SamplingConfig, logits_to_probs
+
+RECORD_KEYS = (
+    "draft",
+    "gamma",
+    "temperature",
+    "alpha",
+    "tau",
+    "tau_theory",
+    "speedup",
+    "num_prompts",
+    "task",
+    "split",
+    "max_new_tokens",
+    "tokens_per_s",
+    "target_tokens_per_s",
+    "mean_tvd",
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Theory: tau from the mean TVD.
+# --------------------------------------------------------------------------------------------
+
+
+def tau_from_alpha(alpha: float, gamma: int) -> float:
+    """Expected tokens per target call for i.i.d. acceptance rate alpha (Leviathan et al.).
+
+    tau = (1 - alpha^(gamma+1)) / (1 - alpha) = 1 + alpha + ... + alpha^gamma; gamma + 1 at alpha 1.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    if alpha >= 1.0 - 1e-12:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def tau_from_tvd(mean_tvd: float, gamma: int) -> float:
+    """DistillSpec Fig. 3c: tau_theory with alpha = 1 - mean TVD(target, draft)."""
+    return tau_from_alpha(min(max(1.0 - mean_tvd, 0.0), 1.0), gamma)
+
+
+# --------------------------------------------------------------------------------------------
+# Teacher forcing along the target's continuations.
+# --------------------------------------------------------------------------------------------
+
+
+def is_encoder_decoder(model: Any) -> bool:
+    """True for T5-style models (prompt on the encoder side)."""
+    from distillspec.models.t5 import T5LM  # Lazy: only the type is needed.
+
+    return isinstance(model, T5LM)
+
+
+def pack_teacher_forcing(
+    prompt_tokens: np.ndarray,
+    prompt_lengths: np.ndarray,
+    completion_tokens: np.ndarray,
+    completion_lengths: np.ndarray,
+    *,
+    encoder_decoder: bool = False,
+    decoder_start_id: int = 0,
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Packs ragged prompt + completion rows into fixed-shape teacher-forcing inputs.
+
+    Args:
+      prompt_tokens: [B, P] right-padded prompts; prompt_lengths: [B].
+      completion_tokens: [B, N] right-padded completions; completion_lengths: [B].
+      encoder_decoder: T5 layout instead of the decoder-only one.
+      decoder_start_id: first decoder input token (T5 layout only).
+
+    Returns:
+      (batch, weights). Decoder-only: batch = {'decoder_input_tokens': [B, P+N]} holding
+      prompt[:p] + completion[:n] per row, right-padded with 0; weights [B, P+N] is 1 at the
+      positions p-1 .. p+n-2 whose logits predict completion tokens. T5: batch =
+      {'encoder_input_tokens': [B, P], 'decoder_input_tokens': [B, N] = [start] + completion[:-1]};
+      weights [B, N] is 1 at positions < n. weights are float32, 0 elsewhere.
+    """
+    prompt_tokens = np.asarray(prompt_tokens, np.int32)
+    completion_tokens = np.asarray(completion_tokens, np.int32)
+    p_len = np.asarray(prompt_lengths, np.int64)
+    c_len = np.asarray(completion_lengths, np.int64)
+    batch, prompt_size = prompt_tokens.shape
+    size = completion_tokens.shape[1]
+    if encoder_decoder:
+        decoder = np.full((batch, size), decoder_start_id, np.int32)
+        decoder[:, 1:] = completion_tokens[:, :-1]
+        decoder = np.where(np.arange(size) < c_len[:, None], decoder, 0)
+        weights = (np.arange(size) < c_len[:, None]).astype(np.float32)
+        return {"encoder_input_tokens": prompt_tokens, "decoder_input_tokens": decoder}, weights
+    length = prompt_size + size
+    tokens = np.zeros((batch, length), np.int32)
+    weights = np.zeros((batch, length), np.float32)
+    for row in range(batch):
+        p, n = int(p_len[row]), int(c_len[row])
+        tokens[row, :p] = prompt_tokens[row, :p]
+        tokens[row, p : p + n] = completion_tokens[row, :n]
+        weights[row, max(p - 1, 0) : p - 1 + n] = 1.0
+    return {"decoder_input_tokens": tokens}, weights
+
+
+@functools.lru_cache(maxsize=32)
+def _tvd_fn(target, draft, sampling: SamplingConfig, vocab_size: int | None):
+    """Jitted (target_params, draft_params, batch, weights [B, L]) -> (tvd sum, weight sum)."""
+
+    def tvd_sum(target_params, draft_params, batch, weights):
+        p = logits_to_probs(target.logits(target_params, batch), sampling, vocab_size)
+        q = logits_to_probs(draft.logits(draft_params, batch), sampling, vocab_size)
+        tvd = 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)  # [B, L]
+        return jnp.sum(tvd * weights), jnp.sum(weights)
+
+    return jax.jit(tvd_sum)
+
+
+def mean_tvd(
+    target,
+    target_params,
+    draft,
+    draft_params,
+    batches: Sequence[Mapping[str, np.ndarray]],
+    continuations: Sequence[DecodeResult],
+    sampling: SamplingConfig,
+    vocab_size: int | None = None,
+) -> float:
+    """Mean next-token TVD(target, draft) along the target's continuations (completion positions).
+
+    Both distributions are processed like the decoders process them (`logits_to_probs`), so for
+    greedy decoding the TVD is the indicator that the argmaxes differ. Rows with valid=False are
+    weighted out.
+    """
+    if is_encoder_decoder(target) != is_encoder_decoder(draft):
+        raise ValueError("target and draft must both be decoder-only or both encoder-decoder")
+    fn = _tvd_fn(target, draft, sampling, vocab_size)
+    total, count = 0.0, 0.0
+    for batch, result in zip(batches, continuations):
+        packed, weights = pack_teacher_forcing(
+            batch["prompt_tokens"],
+            batch["prompt_lengths"],
+            result.tokens,
+            result.lengths,
+            encoder_decoder=is_encoder_decoder(target),
+        )
+        weights = weights * _valid(batch)[:, None]
+        s, c = jax.device_get(fn(target_params, draft_params, packed, weights))
+        total, count = total + float(s), count + float(c)
+    return total / count if count else float("nan")
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks and prompt batches.
+# --------------------------------------------------------------------------------------------
+
+
+def _valid(batch: Mapping[str, np.ndarray]) -> np.ndarray:
+    """[B] float32 mask of real rows (prompt_batches pads a final partial batch)."""
+    rows = np.asarray(batch["prompt_tokens"]).shape[0]
+    return np.asarray(batch.get("valid", np.ones(rows, bool)), bool).astype(np.float32)
+
+
+def _decodable(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Copies the first valid row into padding rows so every row is a real prompt (lengths >= 1);
+    their outputs are masked out of every count, and the batch keeps its compiled shape."""
+    valid = _valid(batch).astype(bool)
+    tokens = np.array(batch["prompt_tokens"], np.int32)
+    lengths = np.array(batch["prompt_lengths"], np.int32)
+    first = int(np.argmax(valid))
+    tokens[~valid], lengths[~valid] = tokens[first], lengths[first]
+    return {**batch, "prompt_tokens": tokens, "prompt_lengths": lengths}
+
+
+def _check_drafts(target, drafts, vocab_size: int | None) -> None:
+    if not drafts:
+        raise ValueError("drafts is empty: pass {name: (model, params)} with at least one draft")
+    for name, entry in drafts.items():
+        if not (isinstance(entry, tuple | list) and len(entry) == 2):
+            raise ValueError(f"drafts[{name!r}] must be a (model, params) pair, got {type(entry)}")
+        try:  # The decoders' own check, run for every draft before anything is decoded.
+            _shared_vocab_size(target, entry[0], vocab_size)
+        except ValueError as e:
+            raise ValueError(f"drafts[{name!r}]: {e}") from None
+        if is_encoder_decoder(entry[0]) != is_encoder_decoder(target):
+            raise ValueError(
+                f"drafts[{name!r}] and the target must both be decoder-only or both T5-style"
+            )
+
+
+def _check_grid(prompts, gammas, temperatures, max_new_tokens, timing_repeats):
+    if not prompts:
+        raise ValueError("prompts is empty: pass at least one prompt batch")
+    for i, batch in enumerate(prompts):
+        if "prompt_tokens" not in batch or "prompt_lengths" not in batch:
+            raise ValueError(f"prompts[{i}] lacks 'prompt_tokens' / 'prompt_lengths'")
+    if not any(_valid(b).any() for b in prompts):
+        raise ValueError("prompts holds no valid rows (every row has valid=False)")
+    if not gammas or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in gammas):
+        raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas!r}")
+    if not temperatures or any(not (float(t) >= 0) for t in temperatures):
+        raise ValueError(
+            f"temperatures must be a non-empty list of values >= 0, got {temperatures}"
+        )
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 1
+    ):
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not (isinstance(timing_repeats, int) and timing_repeats >= 1):
+        raise ValueError(f"timing_repeats must be an integer >= 1, got {timing_repeats!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# The evaluation loop.
+# --------------------------------------------------------------------------------------------
+
+
+def _timed(fn) -> tuple[Any, float]:
+    start = time.perf_counter()
+    result = fn()  # The decoders return host arrays (device_get), so the work is done here.
+    return result, time.perf_counter() - start
+
+
+def _measure(plain_fn, spec_fn, batches, timing_repeats: int):
+    """Runs both decoders on every batch: warm-up per distinct shape (not timed), then
+    timing_repeats interleaved (plain, spec) pairs per batch; per-batch median times.
+
+    Returns (plain results, spec results, plain seconds, spec seconds).
+    """
+    compiled: set[tuple[int, ...]] = set()
+    plain_results, spec_results, plain_time, spec_time = [], [], 0.0, 0.0
+    for i, batch in enumerate(batches):
+        shape = np.shape(batch["prompt_tokens"])
+        if shape not in compiled:  # Compilation is excluded from the timings.
+            plain_fn(i, batch), spec_fn(i, batch)
+            compiled.add(shape)
+        plain_times, spec_times = [], []
+        for _ in range(timing_repeats):
+            plain, t_plain = _timed(functools.partial(plain_fn, i, batch))
+            spec, t_spec = _timed(functools.partial(spec_fn, i, batch))
+            plain_times.append(t_plain)
+            spec_times.append(t_spec)
+        plain_results.append(plain)
+        spec_results.append(spec)
+        plain_time += statistics.median(plain_times)
+        spec_time += statistics.median(spec_times)
+    return plain_results, spec_results, plain_time, spec_time
+
+
+def _plain_call(target, params, base_rng, sampling, kwargs, index: int, batch) -> DecodeResult:
+    """Plain decoding of prompt batch `index` (its sampling key is fold_in(base_rng, index))."""
+    rng = jax.random.fold_in(base_rng, index)
+    return generate(
+        target, params, batch["prompt_tokens"], batch["prompt_lengths"], rng,
+        sampling=sampling, **kwargs,
+    )  # fmt: skip
+
+
+def _spec_call(
+    target, draft, target_params, draft_params, base_rng, sampling, kwargs, index: int, batch
+) -> DecodeResult:
+    """Speculative decoding of prompt batch `index`, with the same key as `_plain_call`."""
+    rng = jax.random.fold_in(base_rng, index)
+    return speculative_generate(
+        target, draft, target_params, draft_params, batch["prompt_tokens"],
+        batch["prompt_lengths"], rng, sampling=sampling, **kwargs,
+    )  # fmt: skip
+
+
+def _valid_sum(results: Sequence[DecodeResult], field: str, batches) -> float:
+    """Sum of a DecodeResult counter over the valid rows of all batches."""
+    return float(
+        sum(
+            np.sum(np.asarray(getattr(r, field), np.float64) * _valid(b))
+            for r, b in zip(results, batches)
+        )
+    )
+
+
+def _record(plain, spec, t_plain, t_spec, batches, tvd: float, gamma: int) -> dict[str, Any]:
+    """The measured part of one record (see the module docstring for the definitions)."""
+    spec_tokens = _valid_sum(spec, "lengths", batches)
+    drafted, accepted = _valid_sum(spec, "drafted", batches), _valid_sum(spec, "accepted", batches)
+    tokens_per_s = spec_tokens / max(t_spec, 1e-12)
+    target_tokens_per_s = _valid_sum(plain, "lengths", batches) / max(t_plain, 1e-12)
+    return {
+        "alpha": accepted / max(drafted, 1.0),
+        "tau": spec_tokens / max(_valid_sum(spec, "target_calls", batches), 1.0),
+        "tau_theory": tau_from_tvd(tvd, gamma) if math.isfinite(tvd) else float("nan"),
+        "speedup": tokens_per_s / max(target_tokens_per_s, 1e-12),
+        "num_prompts": int(sum(_valid(b).sum() for b in batches)),
+        "tokens_per_s": tokens_per_s,
+        "target_tokens_per_s": target_tokens_per_s,
+        "mean_tvd": tvd,
+    }
+
+
+def evaluate_drafts(
+    target,
+    target_params,
+    drafts: Mapping[str, tuple[Any, Any]],
+    prompts: Iterable[Mapping[str, np.ndarray]],
+    *,
+    gammas: Sequence[int] = (3, 5, 7),
+    temperatures: Sequence[float] = (0.0, 1.0),
+    max_new_tokens: int,
+    eos_id: int | None,
+    seed: int = 0,
+    task: str = "",
+    split: str = "",
+    vocab_size: int | None = None,
+    timing_repeats: int = 1,
+) -> list[dict[str, Any]]:
+    """Speculative-decoding quality and speed of each draft against the target, over a grid.
+
+    Args:
+      target, target_params: the target model (a `DecodingModel` with teacher-forced `logits`).
+      drafts: {name: (model, params)}, e.g. {'standard': ..., 'distilled': ...}.
+      prompts: prompt batches as yielded by `distillspec.tasks.prompt_batches` ('prompt_tokens'
+        [B, P], 'prompt_lengths' [B], optional 'valid' [B]; rows with valid=False are decoded
+        for shape's sake but not counted).
+      gammas: draft block sizes (>= 1).
+      temperatures: 0 = greedy, else softmax(logits / T) sampling.
+      max_new_tokens: tokens generated per prompt at most.
+      eos_id: a row stops after this id; None = always max_new_tokens.
+      seed: sampling key of batch i is fold_in(PRNGKey(seed), i), shared by plain and spec.
+      task, split: context copied into the records.
+      vocab_size: shared tokenizer size when the embeddings are padded differently.
+      timing_repeats: interleaved (plain, spec) pairs timed per batch; medians are summed.
+
+    Returns:
+      One record per (draft, gamma, temperature), with the keys of `RECORD_KEYS`.
+    """
+    prompts = list(prompts)
+    gammas, temperatures = list(gammas), [float(t) for t in temperatures]
+    _check_drafts(target, drafts, vocab_size)
+    _check_grid(prompts, gammas, temperatures, max_new_tokens, timing_repeats)
+    batches = [_decodable(b) for b in prompts if _valid(b).any()]
+    base_rng = jax.random.PRNGKey(seed)
+    common = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, vocab_size=vocab_size)
+    records, tvd_cache = [], {}
+    for temperature in temperatures:
+        sampling = SamplingConfig(temperature=temperature)
+        plain_fn = functools.partial(_plain_call, target, target_params, base_rng, sampling, common)
+        for name, (draft, draft_params) in drafts.items():
+            for gamma in gammas:
+                spec_fn = functools.partial(
+                    _spec_call, target, draft, target_params, draft_params, base_rng, sampling,
+                    dict(common, gamma=gamma),
+                )  # fmt: skip
+                plain, spec, t_plain, t_spec = _measure(plain_fn, spec_fn, batches, timing_repeats)
+                if (name, temperature) not in tvd_cache:  # Depends on neither gamma nor timing.
+                    tvd_cache[name, temperature] = mean_tvd(
+                        target, target_params, draft, draft_params, batches, plain, sampling,
+                        vocab_size,
+                    )  # fmt: skip
+                record = _record(
+                    plain, spec, t_plain, t_spec, batches, tvd_cache[name, temperature], gamma
+                )
+                record = {"draft": name, "gamma": gamma, "temperature": temperature, **record}
+                record.update(task=task, split=split, max_new_tokens=max_new_tokens)
+                record = {key: record[key] for key in RECORD_KEYS}  # Fixed key order.
+                records.append(record)
+                _report_progress(
+                    record, len(records), len(drafts) * len(gammas) * len(temperatures)
+                )
+    return records
+
+
+def _report_progress(record: Mapping[str, Any], done: int, total: int) -> None:
+    print(
+        f"[evaluate {done}/{total}] draft={record['draft']} gamma={record['gamma']} "
+        f"T={record['temperature']:g}: alpha={record['alpha']:.3f} tau={record['tau']:.3f} "
+        f"tau_theory={record['tau_theory']:.3f} speedup={record['speedup']:.2f}x",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# records.jsonl
+# --------------------------------------------------------------------------------------------
+
+
+def append_records(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> None:
+    """Appends one JSON object per line to path (parent directories are created)."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(dict(record), sort_keys=False) + "\n")
+
+
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All records of a records.jsonl file, in file order (blank lines skipped)."""
+    with open(os.fspath(path), encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,238 @@
+"""Tests for distillspec.evaluate: records of alpha, tau, tau_theory and speed-up."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from distillspec import evaluate
+from distillspec.models.decoder_only import DecoderOnlyLM, TransformerConfig
+from distillspec.models.t5 import T5LM, T5Config
+from tests.test_utils import ragged_prompts
+
+VOCAB = 32
+GAMMAS = (1, 3)
+TEMPERATURES = (0.0, 1.0)
+MAX_NEW = 12  # A multiple of every gamma + 1, so no round is cut short.
+
+
+def _perturbed(params, noise: float, seed: int):
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    noisy = [x + noise * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    return jax.tree.unflatten(treedef, noisy)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    config = TransformerConfig(
+        vocab_size=VOCAB, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=8,
+        mlp_dim=64, init_std=0.3,
+    )  # fmt: skip
+    model = DecoderOnlyLM(config)
+    params = model.init(jax.random.PRNGKey(0))
+    tokens, lengths = ragged_prompts(4, 5, VOCAB, seed=1)
+    second_tokens, second_lengths = ragged_prompts(4, 5, VOCAB, seed=2)
+    prompts = [
+        {"prompt_tokens": tokens, "prompt_lengths": lengths, "valid": np.ones(4, bool)},
+        # A padded final batch as prompt_batches yields it: invalid rows have length 0.
+        {
+            "prompt_tokens": np.where(np.arange(4)[:, None] < 2, second_tokens, 0),
+            "prompt_lengths": np.where(np.arange(4) < 2, second_lengths, 0).astype(np.int32),
+            "valid": np.arange(4) < 2,
+        },
+    ]
+    drafts = {"same": (model, params), "noisy": (model, _perturbed(params, 0.1, seed=3))}
+    records = evaluate.evaluate_drafts(
+        model, params, drafts, prompts, gammas=GAMMAS, temperatures=TEMPERATURES,
+        max_new_tokens=MAX_NEW, eos_id=None, task="toy", split="validation",
+    )  # fmt: skip
+    return model, params, prompts, drafts, records
+
+
+def _find(records, draft, gamma, temperature):
+    (match,) = [
+        r
+        for r in records
+        if (r["draft"], r["gamma"], r["temperature"]) == (draft, gamma, temperature)
+    ]
+    return match
+
+
+def test_one_record_per_grid_point_with_exact_keys(setup):
+    *_, records = setup
+    assert len(records) == 2 * len(GAMMAS) * len(TEMPERATURES)
+    points = {(r["draft"], r["gamma"], r["temperature"]) for r in records}
+    assert len(points) == len(records)
+    for r in records:
+        assert set(r) == set(evaluate.RECORD_KEYS)
+        assert r["num_prompts"] == 6  # 4 + 2 valid rows.
+        assert (r["task"], r["split"], r["max_new_tokens"]) == ("toy", "validation", MAX_NEW)
+        assert r["speedup"] > 0 and r["tokens_per_s"] > 0 and r["target_tokens_per_s"] > 0
+        json.dumps(r)  # Plain JSON types only.
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.parametrize("gamma", GAMMAS)
+def test_draft_equal_to_target_is_always_accepted(setup, gamma, temperature):
+    *_, records = setup
+    r = _find(records, "same", gamma, temperature)
+    assert r["alpha"] == pytest.approx(1.0, abs=1e-6)
+    assert r["tau"] == pytest.approx(gamma + 1)
+    assert r["mean_tvd"] == pytest.approx(0.0, abs=1e-5)
+    assert r["tau_theory"] == pytest.approx(gamma + 1, abs=1e-3)
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_perturbed_draft_is_sometimes_rejected(setup, temperature):
+    *_, records = setup
+    for gamma in GAMMAS:
+        r = _find(records, "noisy", gamma, temperature)
+        assert 0.0 < r["alpha"] < 1.0
+        assert 1.0 <= r["tau"] <= gamma + 1
+        assert 0.0 < r["mean_tvd"] < 1.0
+        assert r["tau_theory"] == pytest.approx(evaluate.tau_from_tvd(r["mean_tvd"], gamma))
+
+
+def test_tau_theory_formula_by_hand():
+    # alpha = 1 - 0.25 = 0.75, gamma = 3: 1 + 0.75 + 0.5625 + 0.421875 = 2.734375.
+    assert evaluate.tau_from_tvd(0.25, 3) == pytest.approx(2.734375)
+    assert evaluate.tau_from_tvd(0.0, 5) == 6.0
+    assert evaluate.tau_from_tvd(1.0, 7) == 1.0
+    assert evaluate.tau_from_alpha(0.5, 1) == pytest.approx(1.5)
+
+
+def test_mean_tvd_greedy_is_argmax_disagreement(setup):
+    """T = 0: the TVD at a position is 1 if the argmaxes differ, else 0."""
+    model, params, prompts, drafts, _ = setup
+    noisy = drafts["noisy"][1]
+    batch = prompts[0]
+    plain = evaluate._plain_call(
+        model, params, jax.random.PRNGKey(0), evaluate.SamplingConfig(), dict(max_new_tokens=4),
+        0, batch,
+    )  # fmt: skip
+    packed, weights = evaluate.pack_teacher_forcing(
+        batch["prompt_tokens"], batch["prompt_lengths"], plain.tokens, plain.lengths
+    )
+    target_argmax = np.argmax(model.logits(params, packed), -1)
+    draft_argmax = np.argmax(model.logits(noisy, packed), -1)
+    expected = np.sum((target_argmax != draft_argmax) * weights) / np.sum(weights)
+    got = evaluate.mean_tvd(
+        model, params, model, noisy, [batch], [plain], evaluate.SamplingConfig()
+    )
+    assert got == pytest.approx(expected)
+
+
+def test_pack_teacher_forcing_layouts():
+    prompt = np.array([[5, 6, 7], [8, 0, 0]], np.int32)
+    completion = np.array([[1, 2], [3, 0]], np.int32)
+    batch, weights = evaluate.pack_teacher_forcing(prompt, [3, 1], completion, [2, 1])
+    np.testing.assert_array_equal(batch["decoder_input_tokens"], [[5, 6, 7, 1, 2], [8, 3, 0, 0, 0]])
+    # Position t predicts token t + 1: the completion tokens are predicted at p-1 .. p+n-2.
+    np.testing.assert_array_equal(weights, [[0, 0, 1, 1, 0], [1, 0, 0, 0, 0]])
+    batch, weights = evaluate.pack_teacher_forcing(
+        prompt, [3, 1], completion, [2, 1], encoder_decoder=True
+    )
+    np.testing.assert_array_equal(batch["encoder_input_tokens"], prompt)
+    np.testing.assert_array_equal(batch["decoder_input_tokens"], [[0, 1], [0, 0]])
+    np.testing.assert_array_equal(weights, [[1, 1], [1, 0]])
+
+
+@pytest.fixture(scope="module")
+def t5():
+    model = T5LM(T5Config(vocab_size=VOCAB, embed_dim=32, num_heads=4, head_dim=8, mlp_dim=64))
+    return model, model.init(jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("family", ["decoder_only", "t5"])
+def test_packing_aligns_with_greedy_generation(setup, t5, family):
+    """Teacher-forced greedy argmaxes at the weighted positions are the generated tokens."""
+    model, params = t5 if family == "t5" else setup[:2]
+    batch = setup[2][0]
+    plain = evaluate._plain_call(
+        model, params, jax.random.PRNGKey(0), evaluate.SamplingConfig(), dict(max_new_tokens=4),
+        0, batch,
+    )  # fmt: skip
+    packed, weights = evaluate.pack_teacher_forcing(
+        batch["prompt_tokens"], batch["prompt_lengths"], plain.tokens, plain.lengths,
+        encoder_decoder=evaluate.is_encoder_decoder(model),
+    )  # fmt: skip
+    argmax = np.asarray(np.argmax(model.logits(params, packed), -1))
+    predicted = [row[w > 0] for row, w in zip(argmax, weights)]
+    expected = [tokens[:n] for tokens, n in zip(plain.tokens, plain.lengths)]
+    for got, want in zip(predicted, expected):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_t5_records(setup, t5):
+    model, params = t5
+    drafts = {"same": (model, params), "noisy": (model, _perturbed(params, 0.3, seed=4))}
+    records = evaluate.evaluate_drafts(
+        model, params, drafts, setup[2], gammas=(2,), temperatures=(0.0,), max_new_tokens=4,
+        eos_id=None,
+    )  # fmt: skip
+    same, noisy = _find(records, "same", 2, 0.0), _find(records, "noisy", 2, 0.0)
+    assert same["alpha"] == pytest.approx(1.0) and same["mean_tvd"] == pytest.approx(0.0)
+    assert same["tau_theory"] == pytest.approx(3.0)
+    assert 0.0 <= noisy["alpha"] < 1.0 and 0.0 < noisy["mean_tvd"] <= 1.0
+
+
+def test_records_round_trip(tmp_path, setup):
+    *_, records = setup
+    path = tmp_path / "new" / "dir" / "records.jsonl"
+    evaluate.append_records(path, records[:2])
+    evaluate.append_records(path, records[2:])
+    assert evaluate.read_records(path) == records
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(drafts={}), "drafts is empty"),
+        (dict(prompts=[]), "prompts is empty"),
+        (dict(gammas=(3, 0)), "gammas"),
+        (dict(gammas=()), "gammas"),
+        (dict(temperatures=(1.0, -0.5)), "temperatures"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(timing_repeats=0), "timing_repeats"),
+    ],
+)
+def test_bad_inputs_fail_before_decoding(setup, change, message):
+    model, params, prompts, drafts, _ = setup
+    kwargs = dict(drafts=drafts, prompts=prompts, max_new_tokens=MAX_NEW, eos_id=None)
+    kwargs.update(change)
+    with pytest.raises(ValueError, match=message):
+        evaluate.evaluate_drafts(model, params, **kwargs)
+
+
+def test_vocabulary_mismatch_fails_before_decoding(setup):
+    model, params, prompts, drafts, _ = setup
+    small = DecoderOnlyLM(TransformerConfig(vocab_size=VOCAB - 4, embed_dim=8, num_heads=1,
+                                            num_kv_heads=1, head_dim=8, mlp_dim=8))  # fmt: skip
+    bad = {**drafts, "small": (small, None)}  # Never initialised: the check comes first.
+    with pytest.raises(ValueError, match="small.*vocab"):
+        evaluate.evaluate_drafts(model, params, bad, prompts, max_new_tokens=2, eos_id=None)
+
+
+def test_timing_interleaves_and_excludes_warmup():
+    calls = []
+    plain = lambda i, b: calls.append(("plain", i)) or f"p{i}"
+    spec = lambda i, b: calls.append(("spec", i)) or f"s{i}"
+    shape = {"prompt_tokens": np.zeros((2, 3))}
+    batches = [shape, shape, {"prompt_tokens": np.zeros((2, 5))}]
+    plain_out, spec_out, t_plain, t_spec = evaluate._measure(plain, spec, batches, 2)
+    pair = lambda i: [("plain", i), ("spec", i)]
+    # One warm-up pair per distinct shape, then timing_repeats interleaved pairs per batch.
+    assert calls == pair(0) * 3 + pair(1) * 2 + pair(2) * 3
+    assert plain_out == ["p0", "p1", "p2"] and spec_out == ["s0", "s1", "s2"]
+    assert t_plain >= 0 and t_spec >= 0
+
+
+def test_all_rows_invalid_is_an_error(setup):
+    model, params, prompts, drafts, _ = setup
+    empty = dict(prompts[1], valid=np.zeros(4, bool))
+    with pytest.raises(ValueError, match="no valid rows"):
+        evaluate.evaluate_drafts(model, params, drafts, [empty], max_new_tokens=2, eos_id=None)
