@@ -1,0 +1,161 @@
+"""Gin-configured training, T5X style: pretraining and distillation of a draft model.
+
+    python -m distillspec.train --gin_file=configs/tests/tiny_distill.gin \\
+        --gin.MODEL_DIR=\\"/tmp/run\\" [--gin.TRAIN_STEPS=200] [--gin_search_paths=DIR,...] \\
+        [--tfds_data_dir=DIR]
+
+Only this run function (`distillspec.train.train`) and the typed config objects it receives are
+configurable; the library modules know nothing of gin. Rerunning the same command after an
+interruption resumes from MODEL_DIR's latest checkpoint.
+
+MODEL_DIR receives: config.gin (the configuration of the run), checkpoints/ (orbax),
+train/ (TensorBoard events), metrics.jsonl (one JSON object per step) and export/ (the
+student in Hugging Face format, loadable by `distillspec.models.from_pretrained` and by
+transformers).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+import gin
+import jax
+
+from distillspec import checkpoints, datagen, gin_setup, partitioning, tasks, trainer
+from distillspec.models import from_pretrained, save_pretrained
+
+EXPORT_SUBDIR = "export"
+
+
+def _load_student(student, student_checkpoint, seed):
+    if (student is None) == (student_checkpoint is None):
+        raise ValueError(
+            "give exactly one of train.student (an architecture, initialised from the seed) and "
+            f"train.student_checkpoint (a Hugging Face directory); got student={student!r}, "
+            f"student_checkpoint={student_checkpoint!r}"
+        )
+    if student_checkpoint is not None:
+        return from_pretrained(student_checkpoint)
+    return student, student.init(jax.random.PRNGKey(seed))
+
+
+def _load_teacher(teacher, teacher_checkpoint, teacher_seed):
+    if teacher is not None and teacher_checkpoint is not None:
+        raise ValueError("give at most one of train.teacher and train.teacher_checkpoint")
+    if teacher_checkpoint is not None:
+        return from_pretrained(teacher_checkpoint)
+    if teacher is not None:
+        return teacher, teacher.init(jax.random.PRNGKey(teacher_seed))
+    return None, None
+
+
+def _check_compatible(student, teacher, loss: trainer.LossConfig, vocab_size: int) -> None:
+    if teacher is None and loss.divergence != "ce":
+        raise ValueError(
+            f"loss divergence {loss.divergence!r} needs a teacher: set train.teacher_checkpoint "
+            "(or train.teacher), or use LossConfig.divergence = 'ce' for pretraining"
+        )
+    if teacher is not None and teacher.vocab_size != student.vocab_size:
+        raise ValueError(
+            f"the student's vocabulary ({student.vocab_size} ids) and the teacher's "
+            f"({teacher.vocab_size} ids) differ; distillation compares their distributions id by "
+            "id, so both must use the same tokenizer and embedding size"
+        )
+    if student.vocab_size < vocab_size:
+        raise ValueError(
+            f"the model's vocabulary ({student.vocab_size} ids) is smaller than the task "
+            f"vocabulary ({vocab_size} ids); set the model's vocab_size >= {vocab_size}"
+        )
+
+
+def _example_store(task, split, lengths, max_examples, batch_size):
+    batches = tasks.prompt_batches(
+        task, split, batch_size=256, prompt_length=lengths["inputs"],
+        completion_length=lengths["targets"], shuffle=False, num_epochs=1,
+    )  # fmt: skip
+    store = datagen.ExampleStore.from_batches(batches, max_examples)
+    if len(store) == 0:
+        raise ValueError(
+            f"task {task!r} split {split!r} has no usable examples; nothing to train on"
+        )
+    if len(store) < batch_size:
+        print(f"warning: {len(store)} examples < batch size {batch_size}; examples repeat within "
+              "a batch", file=sys.stderr)  # fmt: skip
+    return store
+
+
+def train(
+    model_dir: str = gin.REQUIRED,
+    task: str = "stdlib_code",
+    split: str = "train",
+    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+    student=None,
+    student_checkpoint: str | None = None,
+    teacher=None,
+    teacher_checkpoint: str | None = None,
+    teacher_seed: int = 1,
+    loop: trainer.LoopConfig = trainer.LoopConfig(),
+    loss: trainer.LossConfig = trainer.LossConfig(divergence="ce"),
+    optimizer: trainer.OptimizerConfig = trainer.OptimizerConfig(),
+    mixture: datagen.DataMixture = datagen.DataMixture(fixed_data_fraction=1.0),
+    mesh_shape: tuple[int, int] = (1, 1),
+    vocabulary: str = "sentencepiece",
+    max_examples: int | None = None,
+    tfds_data_dir: str | None = None,
+    console: bool = True,
+):
+    """Trains (pretrains or distils) a student and exports it to MODEL_DIR/export.
+
+    Args:
+      model_dir: MODEL_DIR, created if needed; a rerun resumes from its latest checkpoint.
+      task, split: seqio task (see `distillspec.tasks`) and split to train on.
+      task_feature_lengths: {'inputs': P, 'targets': N}: prompt and completion lengths.
+      student / student_checkpoint: an architecture to initialise from loop.seed, or a Hugging
+        Face directory to warm-start from (exactly one).
+      teacher / teacher_checkpoint: the frozen target: an architecture initialised from
+        teacher_seed, or a Hugging Face directory; neither for pretraining.
+      loop, loss, optimizer, mixture: see their classes.
+      mesh_shape: (data, model) device mesh; (1, 1) runs on one device.
+      vocabulary: 'sentencepiece' or 'byte' (shared by every model of a project).
+      max_examples: use only the first examples of the split (smoke tests).
+      tfds_data_dir: where prepared TFDS data sets live (the paper's tasks).
+
+    Returns:
+      The student's final parameters.
+    """
+    checkpoints.check_writable(model_dir)
+    if tuple(mesh_shape) != (1, 1):
+        mesh = partitioning.make_mesh(*mesh_shape)
+    else:
+        mesh = None
+    vocab = tasks.get_vocabulary(vocabulary) if isinstance(vocabulary, str) else vocabulary
+    tasks.register_tasks(vocab, tfds_data_dir=tfds_data_dir)
+    student_model, params = _load_student(student, student_checkpoint, loop.seed)
+    teacher_model, teacher_params = _load_teacher(teacher, teacher_checkpoint, teacher_seed)
+    _check_compatible(student_model, teacher_model, loss, vocab.vocab_size)
+    store = _example_store(task, split, task_feature_lengths, max_examples, loop.batch_size)
+    with open(os.path.join(model_dir, "config.gin"), "w") as f:
+        f.write(gin.config_str())
+    models = trainer.Models(student_model, teacher_model, teacher_params)
+    params = trainer.fit(
+        model_dir, models, params, store, loop, loss, optimizer,
+        mixture=mixture, eos_id=vocab.eos_id, mesh=mesh, console=console,
+    )  # fmt: skip
+    save_pretrained(student_model, jax.device_get(params), os.path.join(model_dir, EXPORT_SUBDIR))
+    return params
+
+
+def main(argv: list[str] | None = None) -> None:
+    gin_setup.parse_command_line(argv if argv is not None else sys.argv[1:], "train")
+    train()
+
+
+if __name__ == "__main__":
+    # `python -m` runs a second copy of this file; the importable module owns the gin name.
+    from distillspec import train as _module
+
+    _module.main()
+else:
+    train = gin.configurable(train, module="distillspec.train", denylist=["console"])

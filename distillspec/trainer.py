@@ -1,0 +1,322 @@
+"""The training step (pure, module-level) and the loop that drives it.
+
+One loop serves pretraining (cross-entropy on data, no teacher) and distillation (a divergence
+against a frozen teacher's logits on data from `distillspec.datagen`). The teacher is frozen by
+construction: its parameters are a separate, non-donated argument, evaluated under
+`stop_gradient` outside `value_and_grad`, and they are in neither the optimizer nor the
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from distillspec import checkpoints, datagen, losses, metrics, partitioning
+from distillspec.models.t5 import T5LM
+
+DIVERGENCES = losses.KINDS + ("ce",)
+OPTIMIZERS = ("adafactor", "adamw")
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # [] int32, optimizer steps taken.
+    params: Any  # The student's parameters.
+    opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """What the student minimises."""
+
+    divergence: str = "fkl"  # 'fkl', 'rkl', 'jsd', 'tvd' against the teacher, or 'ce' on data.
+    beta: float = 0.5  # JSD[beta] mixture weight in [0, 1] (only 'jsd' uses it).
+
+    def __post_init__(self):
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(
+                f"LossConfig.divergence must be one of {DIVERGENCES}, got {self.divergence!r}"
+            )
+        if not 0 <= self.beta <= 1:
+            raise ValueError(f"LossConfig.beta must be in [0, 1], got {self.beta!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """Optimizer and schedule; defaults after DistillSpec Table B.1 (scaled to short runs)."""
+
+    name: str = "adafactor"  # 'adafactor' (the paper's) or 'adamw'.
+    learning_rate: float = 3e-4  # Peak learning rate.
+    warmup_steps: int = 0  # Linear warm-up from 0 to the peak.
+    final_fraction: float = 0.1  # Cosine decay from the peak to final_fraction * peak.
+    weight_decay: float = 0.0  # Decoupled weight decay (adamw only).
+    clip_norm: float = 1.0  # Global gradient-norm clipping; 0 disables.
+
+    def __post_init__(self):
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"OptimizerConfig.name must be one of {OPTIMIZERS}, got {self.name!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(
+                f"OptimizerConfig.learning_rate must be > 0, got {self.learning_rate!r}"
+            )
+        if self.warmup_steps < 0 or not 0 <= self.final_fraction <= 1 or self.clip_norm < 0:
+            raise ValueError(
+                "OptimizerConfig needs warmup_steps >= 0, final_fraction in [0, 1], clip_norm >= 0;"
+                f" got {self.warmup_steps!r}, {self.final_fraction!r}, {self.clip_norm!r}"
+            )
+
+
+def make_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
+    """Linear warm-up to the peak, then cosine decay to final_fraction * peak at total_steps."""
+    warmup = min(config.warmup_steps, max(total_steps - 1, 0))
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0 if warmup else config.learning_rate,
+        peak_value=config.learning_rate,
+        warmup_steps=warmup,
+        decay_steps=max(total_steps, warmup + 1),
+        end_value=config.learning_rate * config.final_fraction,
+    )
+
+
+def make_optimizer(config: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
+    schedule = make_schedule(config, total_steps)
+    if config.name == "adafactor":
+        core = optax.adafactor(learning_rate=schedule, multiply_by_parameter_scale=False)
+    else:
+        core = optax.adamw(learning_rate=schedule, weight_decay=config.weight_decay)
+    if config.clip_norm:
+        return optax.chain(optax.clip_by_global_norm(config.clip_norm), core)
+    return core
+
+
+def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+    return TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params)
+    )
+
+
+def _model_inputs(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k.endswith("_input_tokens")}
+
+
+def train_step(
+    state: TrainState,
+    teacher_params,
+    batch: dict,
+    *,
+    student,
+    teacher,
+    loss: LossConfig,
+    optimizer: optax.GradientTransformation,
+) -> tuple[TrainState, dict]:
+    """One optimizer step of the student.
+
+    Args:
+      state: the student's TrainState (donated by the caller's jit).
+      teacher_params: frozen teacher parameters, or None when pretraining ('ce', no teacher).
+      batch: decoder_input_tokens [B, L] (+ encoder_input_tokens), targets [B, L],
+        weights [B, L] (1 on positions that predict a completion token).
+      student, teacher: models with `logits(params, batch) -> [B, L, V]`.
+      loss: the divergence (or 'ce').
+      optimizer: the optax transformation whose state is in `state`.
+
+    Returns:
+      (new state, metrics): sums (loss_sum, weight_sum, acceptance_sum when a teacher is
+      given) for normalisation on the host, plus grad_norm.
+    """
+    inputs, weights = _model_inputs(batch), batch["weights"]
+    teacher_logits = None
+    if teacher is not None:
+        teacher_logits = jax.lax.stop_gradient(teacher.logits(teacher_params, inputs))
+
+    def objective(params):
+        logits = student.logits(params, inputs)
+        if loss.divergence == "ce":
+            total, count = losses.cross_entropy(logits, batch["targets"], weights)
+        else:
+            total, count = losses.divergence(
+                logits, teacher_logits, weights, loss.divergence, loss.beta
+            )
+        return losses.mean(total, count), (total, count, logits)
+
+    grads, (total, count, logits) = jax.grad(objective, has_aux=True)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    metrics = {"loss_sum": total, "weight_sum": count, "grad_norm": optax.global_norm(grads)}
+    if teacher_logits is not None:
+        metrics["acceptance_sum"] = losses.acceptance_proxy(logits, teacher_logits, weights)[0]
+    new_state = TrainState(
+        step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
+    )
+    return new_state, metrics
+
+
+def compile_train_step(student, teacher, loss: LossConfig, optimizer, state_shardings=None):
+    """jit of `train_step` with the state donated (and kept on its shardings when given)."""
+    step = functools.partial(
+        train_step, student=student, teacher=teacher, loss=loss, optimizer=optimizer
+    )
+    out = (state_shardings, None) if state_shardings is not None else None
+    return jax.jit(step, donate_argnums=0, out_shardings=out)
+
+
+def host_metrics(metrics: dict, learning_rate: float, tokens: float, seconds: float) -> dict:
+    """Normalises the step's sums on the host into the logged record."""
+    metrics = jax.device_get(metrics)
+    count = float(metrics["weight_sum"])
+    record = {
+        "loss": float(losses.mean(metrics["loss_sum"], count)),
+        "learning_rate": float(learning_rate),
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "grad_norm": float(metrics["grad_norm"]),
+        "target_tokens": count,
+    }
+    if "acceptance_sum" in metrics:
+        record["acceptance_proxy"] = float(losses.mean(metrics["acceptance_sum"], count))
+    return record
+
+
+class Timer:
+    """Wall time of the step since the last call (host-side, for tokens/s)."""
+
+    def __init__(self):
+        self.last = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        elapsed, self.last = now - self.last, now
+        return elapsed
+
+
+def check_finite(record: dict, step: int, last_checkpoint: int | None, model_dir: str) -> None:
+    """Stops training on a NaN/inf loss, naming the step and the checkpoint that is kept."""
+    if not np.isfinite(record["loss"]):
+        kept = f"step {last_checkpoint}" if last_checkpoint is not None else "none yet"
+        raise FloatingPointError(
+            f"loss is {record['loss']} at step {step}; training stopped. The last good "
+            f"checkpoint ({kept}) is kept in {model_dir}/checkpoints; lower the learning rate "
+            "or check the data."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """How long and how the loop runs."""
+
+    train_steps: int = 100  # Total optimizer steps (TRAIN_STEPS); a resumed run stops here too.
+    batch_size: int = 16  # Sequences per step (BATCH_SIZE), split over the mesh's 'data' axis.
+    seed: int = 0  # Data order, data sources and sampling derive from (seed, step).
+    checkpoint_period: int = 50  # Steps between checkpoints (and one at the end).
+    keep_checkpoints: int = 3  # Newest checkpoints kept in MODEL_DIR/checkpoints.
+
+    def __post_init__(self):
+        for name in ("train_steps", "batch_size", "checkpoint_period", "keep_checkpoints"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"LoopConfig.{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Models:
+    """The student being trained and the frozen teacher (None when pretraining)."""
+
+    student: Any
+    teacher: Any = None
+    teacher_params: Any = None
+
+    @property
+    def packer(self) -> Callable[..., dict]:
+        if isinstance(self.student, T5LM):
+            return datagen.pack_encoder_decoder
+        return datagen.pack_decoder_only
+
+
+def _initial_state(student, params, optimizer, mesh):
+    """TrainState placed on the mesh (params by their logical axes); its shardings, or None."""
+    if mesh is None:
+        return init_state(params, optimizer), None
+    params = jax.device_put(
+        params, partitioning.shardings_for(params, student.logical_axes(), mesh)
+    )
+    # jit propagates the params' shardings into the optimizer state it creates.
+    state = jax.jit(functools.partial(init_state, optimizer=optimizer))(params)
+    return state, jax.tree.map(lambda x: x.sharding, state)
+
+
+def _step_batch(store, step: int, loop: LoopConfig, params, models: Models, mixture, eos_id):
+    """The packed training batch of `step` (data order and sources from (seed, step))."""
+    data = store.batch(loop.seed, step, loop.batch_size)
+    mixture = mixture or datagen.DataMixture(fixed_data_fraction=1.0)
+    sources = datagen.step_sources(loop.seed, step, loop.batch_size, mixture)
+    rng = jax.random.fold_in(jax.random.PRNGKey(loop.seed), step)
+    samplers = {
+        datagen.STUDENT: (models.student, params),
+        datagen.TEACHER: (models.teacher, models.teacher_params),
+    }
+    completions = datagen.step_completions(data, sources, samplers, rng, mixture, eos_id)
+    batch = models.packer(data["prompt_tokens"], data["prompt_lengths"], *completions)
+    fractions = {
+        f"data_{name}": float(np.mean(sources == i)) for i, name in enumerate(datagen.SOURCE_NAMES)
+    }
+    return batch, fractions
+
+
+def fit(
+    model_dir: str,
+    models: Models,
+    params,
+    store: datagen.ExampleStore,
+    loop: LoopConfig,
+    loss: LossConfig,
+    optimizer_config: OptimizerConfig,
+    *,
+    mixture: datagen.DataMixture | None = None,
+    eos_id: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    console: bool = True,
+):
+    """Trains the student from `params`, or resumes from MODEL_DIR's latest checkpoint.
+
+    Every step logs to MODEL_DIR/metrics.jsonl and TensorBoard; a checkpoint is written every
+    `checkpoint_period` steps and at the end. A NaN/inf loss stops training before anything of
+    that step is saved.
+
+    Returns:
+      The student's final parameters.
+    """
+    optimizer = make_optimizer(optimizer_config, loop.train_steps)
+    state, shardings = _initial_state(models.student, params, optimizer, mesh)
+    ckpt = checkpoints.Checkpointer(model_dir, max_to_keep=loop.keep_checkpoints)
+    start, restored = 0, ckpt.restore_latest(state)
+    if restored is not None:
+        start, state = restored
+    step_fn = compile_train_step(models.student, models.teacher, loss, optimizer, shardings)
+    schedule = make_schedule(optimizer_config, loop.train_steps)
+    logger = metrics.MetricsLogger(model_dir, loop.train_steps, start_step=start, console=console)
+    timer, last_saved = Timer(), ckpt.latest_step()
+    for step in range(start, loop.train_steps):
+        batch, fractions = _step_batch(store, step, loop, state.params, models, mixture, eos_id)
+        if mesh is not None:
+            batch = partitioning.shard_batch(batch, mesh)
+        state, step_metrics = step_fn(state, models.teacher_params, batch)
+        tokens = float(np.sum(batch["weights"]))
+        record = host_metrics(step_metrics, schedule(step), tokens, timer.lap())
+        record.update(fractions)
+        check_finite(record, step + 1, last_saved, model_dir)
+        logger.log(step + 1, record)
+        if (step + 1) % loop.checkpoint_period == 0 or step + 1 == loop.train_steps:
+            if step + 1 != last_saved:
+                ckpt.save(step + 1, state)
+                last_saved = step + 1
+    logger.close()
+    ckpt.close()
+    return state.params
