@@ -25,6 +25,8 @@ from distillspec.sampling import SamplingConfig
 
 DATASET, STUDENT, TEACHER = 0, 1, 2
 SOURCE_NAMES = ("dataset", "student", "teacher")
+# The paper's names for DataMixture's fields, quoted in validation errors.
+LAMBDA_NAMES = {"fixed_data_fraction": "lambda1", "student_data_fraction": "lambda2"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +42,9 @@ class DataMixture:
         for name in ("fixed_data_fraction", "student_data_fraction"):
             value = getattr(self, name)
             if not 0 <= value <= 1:
-                raise ValueError(f"DataMixture.{name} must be in [0, 1], got {value!r}")
+                raise ValueError(
+                    f"DataMixture.{name} ({LAMBDA_NAMES[name]}) must be in [0, 1], got {value!r}"
+                )
         if not self.temperature > 0:
             raise ValueError(
                 f"DataMixture.temperature must be > 0 for sampled data, got {self.temperature!r}"
@@ -59,10 +63,12 @@ def step_sources(seed: int, step: int, batch_size: int, mixture: DataMixture) ->
     """Source of each example of this step: [B] int in (DATASET, STUDENT, TEACHER)."""
     draws = 1 if not mixture.per_example else batch_size
     u1, u2 = np.random.default_rng([seed, step, 0xA2]).uniform(size=(2, draws))
+    # u ~ U[0, 1) can be exactly 0.0, so a strict '<' makes lambda = 0 mean "never" (with
+    # '<=' a fraction of 0 could still pick that source); lambda = 1 still means "always".
     sources = np.where(
-        u1 <= mixture.fixed_data_fraction,
+        u1 < mixture.fixed_data_fraction,
         DATASET,
-        np.where(u2 <= mixture.student_data_fraction, STUDENT, TEACHER),
+        np.where(u2 < mixture.student_data_fraction, STUDENT, TEACHER),
     )
     return np.broadcast_to(sources, (batch_size,)).astype(np.int32)
 
@@ -153,10 +159,16 @@ class ExampleStore:
             k: []
             for k in ("prompt_tokens", "prompt_lengths", "completion_tokens", "completion_lengths")
         }
+        collected = 0
         for batch in batches:
             keep = batch["valid"] & (batch["prompt_lengths"] > 0)
             for key, values in rows.items():
                 values.append(batch[key][keep])
+            collected += int(np.sum(keep))
+            # Stop reading the split once max_examples rows are in hand (a smoke test's 64
+            # examples should not cost a pass over the whole split).
+            if max_examples is not None and collected >= max_examples:
+                break
         arrays = {k: np.concatenate(v) if v else np.zeros((0,)) for k, v in rows.items()}
         if max_examples is not None:
             arrays = {k: v[:max_examples] for k, v in arrays.items()}

@@ -12,7 +12,11 @@ the plain target decoder and with the speculative decoder and returns one flat r
                compilation excluded, plain and speculative calls interleaved batch by batch.
 
 Records go to `records.jsonl` (`append_records`); `distillspec.tables` formats them without JAX.
-This module is library code: no gin here (a run function wraps it).
+
+`evaluate` is the gin run function around `evaluate_drafts` (T5X style):
+
+    python -m distillspec.evaluate --gin_file=runs/evaluate.gin --gin.OUTPUT_DIR=\"DIR\" \
+        --gin.TARGET_CHECKPOINT=\"HF_DIR\" --gin.DRAFTS="{'standard': 'HF_DIR', ...}"
 """
 
 from __future__ import annotations
@@ -432,3 +436,77 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """All records of a records.jsonl file, in file order (blank lines skipped)."""
     with open(os.fspath(path), encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def _prompt_sets(eval_sets, lengths, num_prompts: int, batch_size: int) -> dict:
+    """{(task, split): [prompt batches]} holding the first num_prompts prompts of each set."""
+    from distillspec import tasks
+
+    sets = {}
+    for task, split in eval_sets:
+        batches, seen = [], 0
+        for batch in tasks.prompt_batches(
+            task, split, batch_size, lengths["inputs"], lengths["targets"], shuffle=False
+        ):
+            batches.append(batch)
+            seen += int(batch["valid"].sum())
+            if seen >= num_prompts:
+                break
+        sets[(task, split)] = batches
+    return sets
+
+
+def evaluate(
+    output_dir: str,
+    target_checkpoint: str,
+    drafts: Mapping[str, str],
+    eval_sets: Sequence[tuple[str, str]] = (("stdlib_code", "test"), ("humaneval", "test")),
+    task_feature_lengths: Mapping[str, int] = {"inputs": 64, "targets": 64},  # noqa: B006
+    num_prompts: int = 64,
+    batch_size: int = 16,
+    gammas: Sequence[int] = (3, 5, 7),
+    temperatures: Sequence[float] = (0.0, 1.0),
+    timing_repeats: int = 1,
+    seed: int = 0,
+    vocabulary: str = "sentencepiece",
+    tfds_data_dir: str | None = None,
+) -> list[dict[str, Any]]:
+    """Evaluates drafts (Hugging Face directories) against a target over eval sets and a grid.
+
+    Appends one record per (eval set, draft, gamma, temperature) to OUTPUT_DIR/records.jsonl,
+    then writes table.md, table.csv and tau_vs_gamma.png there and prints the table.
+    """
+    from distillspec import checkpoints, tables, tasks
+    from distillspec.models import from_pretrained
+
+    checkpoints.check_writable(output_dir)
+    if not drafts:
+        raise ValueError("evaluate needs at least one draft: drafts = {name: hf_directory}")
+    vocab = tasks.get_vocabulary(vocabulary)
+    tasks.register_tasks(vocab, tfds_data_dir=tfds_data_dir)
+    target, target_params = from_pretrained(target_checkpoint)
+    models = {name: from_pretrained(path) for name, path in drafts.items()}
+    records_path = os.path.join(output_dir, "records.jsonl")
+    sets = _prompt_sets(eval_sets, task_feature_lengths, num_prompts, batch_size)
+    records = []
+    for (task, split), batches in sets.items():
+        new = evaluate_drafts(
+            target, target_params, models, batches, gammas=gammas, temperatures=temperatures,
+            max_new_tokens=task_feature_lengths["targets"], eos_id=vocab.eos_id, seed=seed,
+            task=task, split=split, timing_repeats=timing_repeats,
+        )  # fmt: skip
+        append_records(records_path, new)
+        records += new
+    print(tables.format_report(records_path, output_dir))
+    return records
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from distillspec import gin_setup
+
+    gin_setup.parse_command_line(list(argv if argv is not None else sys.argv[1:]), "evaluate")
+    gin_setup.run_function("evaluate")()
+
+
+if __name__ == "__main__":
+    main()

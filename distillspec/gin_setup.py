@@ -1,15 +1,21 @@
 """Gin glue for the run functions: what is configurable, and T5X's command-line flags.
 
-Only run modules (`train`, `evaluate`, `quickstart`) import this; library modules never import
-gin. The typed config objects are registered here as external configurables, so a gin file can
-say `TransformerConfig.embed_dim = 128` or `LossConfig.divergence = 'jsd'`.
+This is the only module that imports gin. The run functions (`distillspec.train.train`,
+`distillspec.evaluate.evaluate`, `distillspec.quickstart.quickstart`) and the typed config
+objects are registered here as external configurables, so a gin file can say
+`train.model_dir = %MODEL_DIR` or `LossConfig.divergence = 'jsd'`, and the modules that define
+them stay plain Python (and can run under `python -m` without registering twice).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import pathlib
+import re
+from collections.abc import Callable
+from typing import Any
 
 import gin
 
@@ -21,14 +27,35 @@ CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 
 @functools.cache
-def register_configurables() -> None:
-    """Makes the config classes and model wrappers bindable from gin (once per process)."""
+def register_configurables() -> dict[str, Callable[..., Any]]:
+    """Makes run functions, config classes and models bindable (once per process).
+
+    Returns:
+      {run name: the gin-configured run function}.
+    """
+    from distillspec import evaluate, quickstart, train  # Run modules import this module.
+
+    runs = {
+        "train": gin.external_configurable(
+            train.train, module="distillspec.train", denylist=["console"]
+        ),
+        "evaluate": gin.external_configurable(evaluate.evaluate, module="distillspec.evaluate"),
+        "quickstart": gin.external_configurable(
+            quickstart.quickstart, module="distillspec.quickstart"
+        ),
+    }
     for cls in (TransformerConfig, DecoderOnlyLM, T5Config, T5LM):
         gin.external_configurable(cls, module="distillspec.models")
     for cls in (trainer.LoopConfig, trainer.LossConfig, trainer.OptimizerConfig):
         gin.external_configurable(cls, module="distillspec.trainer")
     gin.external_configurable(datagen.DataMixture, module="distillspec.datagen")
     gin.external_configurable(SamplingConfig, module="distillspec.sampling")
+    return runs
+
+
+def run_function(name: str) -> Callable[..., Any]:
+    """The gin-configured run function `name` ('train', 'evaluate' or 'quickstart')."""
+    return register_configurables()[name]
 
 
 def _binding(flag: str) -> str:
@@ -60,7 +87,36 @@ def parse_command_line(argv: list[str], run_name: str) -> argparse.Namespace:
     if args.tfds_data_dir:
         bindings.append(f"{run_name}.tfds_data_dir = {args.tfds_data_dir!r}")
     load_config(args.gin_file, bindings, args.gin_search_paths.split(","))
+    # gin does not notice a macro left at %gin.REQUIRED (it passes a bare `object()` on, which
+    # fails far from the cause, e.g. "expected str ... not object"); name it here instead.
+    missing = unbound_required()
+    if missing:
+        raise ValueError(
+            f"required gin bindings not set: {', '.join(missing)}; pass them as "
+            + " ".join(f"--gin.{name}=VALUE" for name in missing)
+            + " (the run file's header lists what each one is)"
+        )
     return args
+
+
+_REQUIRED_BINDING = re.compile(r"^([\w./]+) = %gin\.REQUIRED$", re.MULTILINE)
+
+
+def unbound_required() -> list[str]:
+    """Macros (and parameters) the parsed configuration still binds to %gin.REQUIRED."""
+    return _REQUIRED_BINDING.findall(gin.config_str())
+
+
+_UNKNOWN_PARAMETER = re.compile(r"Configurable '([^']+)' doesn't have a parameter named")
+
+
+def _parameter_names(name: str) -> list[str]:
+    """Parameters of the registered configurable `name` (a function's or a class's __init__)."""
+    fn = gin.get_configurable(name)
+    fn = fn.__init__ if isinstance(fn, type) else fn
+    skip = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    params = inspect.signature(fn).parameters.values()
+    return [p.name for p in params if p.kind not in skip and p.name != "self"]
 
 
 def load_config(files: list[str], bindings: list[str], search_paths: list[str] = ()) -> None:
@@ -68,4 +124,22 @@ def load_config(files: list[str], bindings: list[str], search_paths: list[str] =
     register_configurables()
     for path in [p for p in search_paths if p] + [str(CONFIGS_DIR), str(CONFIGS_DIR.parent)]:
         gin.add_config_file_search_path(path)
-    gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+    try:
+        gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+    except ValueError as e:
+        # gin names the unknown parameter but not the valid ones; add them.
+        match = _UNKNOWN_PARAMETER.search(str(e))
+        if match is None:
+            raise
+        name = match.group(1).rsplit("/", 1)[-1]
+        raise ValueError(f"{e}\n  Valid parameters of {name}: {_parameter_names(name)}") from e
+
+
+def config_str() -> str:
+    """The whole parsed configuration, as written to MODEL_DIR/config.gin."""
+    return gin.config_str()
+
+
+def scope(name: str):
+    """Context manager: bindings under `name/` apply to configurables called inside it."""
+    return gin.config_scope(name)

@@ -4,9 +4,9 @@
         --gin.MODEL_DIR=\\"/tmp/run\\" [--gin.TRAIN_STEPS=200] [--gin_search_paths=DIR,...] \\
         [--tfds_data_dir=DIR]
 
-Only this run function (`distillspec.train.train`) and the typed config objects it receives are
-configurable; the library modules know nothing of gin. Rerunning the same command after an
-interruption resumes from MODEL_DIR's latest checkpoint.
+Only this run function and the typed config objects it receives are configurable (registered
+in `distillspec.gin_setup`); the library modules know nothing of gin. Rerunning the same
+command after an interruption resumes from MODEL_DIR's latest checkpoint.
 
 MODEL_DIR receives: config.gin (the configuration of the run), checkpoints/ (orbax),
 train/ (TensorBoard events), metrics.jsonl (one JSON object per step) and export/ (the
@@ -20,7 +20,6 @@ import os
 import sys
 from collections.abc import Mapping
 
-import gin
 import jax
 
 from distillspec import checkpoints, datagen, gin_setup, partitioning, tasks, trainer
@@ -51,11 +50,22 @@ def _load_teacher(teacher, teacher_checkpoint, teacher_seed):
     return None, None
 
 
-def _check_compatible(student, teacher, loss: trainer.LossConfig, vocab_size: int) -> None:
+def _check_compatible(
+    student, teacher, loss: trainer.LossConfig, vocab_size: int, mixture: datagen.DataMixture
+) -> None:
     if teacher is None and loss.divergence != "ce":
         raise ValueError(
             f"loss divergence {loss.divergence!r} needs a teacher: set train.teacher_checkpoint "
             "(or train.teacher), or use LossConfig.divergence = 'ce' for pretraining"
+        )
+    # Without this, a pretraining run with lambda1 < 1 and lambda2 < 1 would crash at the
+    # first step that draws teacher samples, possibly hours in.
+    if teacher is None and mixture.needs_teacher_samples:
+        raise ValueError(
+            "the data mixture samples from the teacher (DataMixture.fixed_data_fraction "
+            f"(lambda1) = {mixture.fixed_data_fraction} < 1 and student_data_fraction (lambda2) "
+            f"= {mixture.student_data_fraction} < 1) but no teacher is given; set "
+            "train.teacher_checkpoint (or train.teacher), or lambda1 = 1 or lambda2 = 1"
         )
     if teacher is not None and teacher.vocab_size != student.vocab_size:
         raise ValueError(
@@ -67,6 +77,22 @@ def _check_compatible(student, teacher, loss: trainer.LossConfig, vocab_size: in
         raise ValueError(
             f"the model's vocabulary ({student.vocab_size} ids) is smaller than the task "
             f"vocabulary ({vocab_size} ids); set the model's vocab_size >= {vocab_size}"
+        )
+
+
+def _check_run_args(max_examples, loop: trainer.LoopConfig, mesh_shape) -> None:
+    """Fails before any model is built on arguments that would only fail later."""
+    # A negative value would slice examples off the end ([:-1]) instead of failing.
+    if max_examples is not None and not (isinstance(max_examples, int) and max_examples >= 1):
+        raise ValueError(
+            f"train.max_examples must be None (the whole split) or an integer >= 1, "
+            f"got {max_examples!r}"
+        )
+    data = tuple(mesh_shape)[0]
+    if loop.batch_size % data:
+        raise ValueError(
+            f"LoopConfig.batch_size ({loop.batch_size}) must be a multiple of the mesh's data "
+            f"axis size {data} (train.mesh_shape = {tuple(mesh_shape)})"
         )
 
 
@@ -87,10 +113,10 @@ def _example_store(task, split, lengths, max_examples, batch_size):
 
 
 def train(
-    model_dir: str = gin.REQUIRED,
+    model_dir: str,
     task: str = "stdlib_code",
     split: str = "train",
-    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+    task_feature_lengths: Mapping[str, int] = {"inputs": 64, "targets": 64},
     student=None,
     student_checkpoint: str | None = None,
     teacher=None,
@@ -126,6 +152,7 @@ def train(
       The student's final parameters.
     """
     checkpoints.check_writable(model_dir)
+    _check_run_args(max_examples, loop, mesh_shape)
     if tuple(mesh_shape) != (1, 1):
         mesh = partitioning.make_mesh(*mesh_shape)
     else:
@@ -134,10 +161,10 @@ def train(
     tasks.register_tasks(vocab, tfds_data_dir=tfds_data_dir)
     student_model, params = _load_student(student, student_checkpoint, loop.seed)
     teacher_model, teacher_params = _load_teacher(teacher, teacher_checkpoint, teacher_seed)
-    _check_compatible(student_model, teacher_model, loss, vocab.vocab_size)
+    _check_compatible(student_model, teacher_model, loss, vocab.vocab_size, mixture)
     store = _example_store(task, split, task_feature_lengths, max_examples, loop.batch_size)
     with open(os.path.join(model_dir, "config.gin"), "w") as f:
-        f.write(gin.config_str())
+        f.write(gin_setup.config_str())
     models = trainer.Models(student_model, teacher_model, teacher_params)
     params = trainer.fit(
         model_dir, models, params, store, loop, loss, optimizer,
@@ -149,13 +176,8 @@ def train(
 
 def main(argv: list[str] | None = None) -> None:
     gin_setup.parse_command_line(argv if argv is not None else sys.argv[1:], "train")
-    train()
+    gin_setup.run_function("train")()
 
 
 if __name__ == "__main__":
-    # `python -m` runs a second copy of this file; the importable module owns the gin name.
-    from distillspec import train as _module
-
-    _module.main()
-else:
-    train = gin.configurable(train, module="distillspec.train", denylist=["console"])
+    main()

@@ -208,6 +208,22 @@ def check_finite(record: dict, step: int, last_checkpoint: int | None, model_dir
         )
 
 
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def check_finite_params(params, step: int, last_checkpoint: int | None, model_dir: str) -> None:
+    """Refuses to checkpoint NaN/inf parameters, naming the step and the checkpoint kept."""
+    if not bool(_all_finite(params)):
+        kept = f"step {last_checkpoint}" if last_checkpoint is not None else "none yet"
+        raise FloatingPointError(
+            f"the student's parameters after step {step} are not finite; training stopped "
+            f"without saving them. The last good checkpoint ({kept}) is kept in "
+            f"{model_dir}/checkpoints; lower the learning rate or check the data."
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
     """How long and how the loop runs."""
@@ -303,20 +319,27 @@ def fit(
     schedule = make_schedule(optimizer_config, loop.train_steps)
     logger = metrics.MetricsLogger(model_dir, loop.train_steps, start_step=start, console=console)
     timer, last_saved = Timer(), ckpt.latest_step()
-    for step in range(start, loop.train_steps):
-        batch, fractions = _step_batch(store, step, loop, state.params, models, mixture, eos_id)
-        if mesh is not None:
-            batch = partitioning.shard_batch(batch, mesh)
-        state, step_metrics = step_fn(state, models.teacher_params, batch)
-        tokens = float(np.sum(batch["weights"]))
-        record = host_metrics(step_metrics, schedule(step), tokens, timer.lap())
-        record.update(fractions)
-        check_finite(record, step + 1, last_saved, model_dir)
-        logger.log(step + 1, record)
-        if (step + 1) % loop.checkpoint_period == 0 or step + 1 == loop.train_steps:
-            if step + 1 != last_saved:
-                ckpt.save(step + 1, state)
-                last_saved = step + 1
-    logger.close()
-    ckpt.close()
+    # try/finally: a FloatingPointError (or Ctrl-C) still flushes the logs and releases orbax.
+    try:
+        for step in range(start, loop.train_steps):
+            batch, fractions = _step_batch(store, step, loop, state.params, models, mixture, eos_id)
+            if mesh is not None:
+                batch = partitioning.shard_batch(batch, mesh)
+            state, step_metrics = step_fn(state, models.teacher_params, batch)
+            tokens = float(np.sum(batch["weights"]))
+            record = host_metrics(step_metrics, schedule(step), tokens, timer.lap())
+            record.update(fractions)
+            check_finite(record, step + 1, last_saved, model_dir)
+            logger.log(step + 1, record)
+            if (step + 1) % loop.checkpoint_period == 0 or step + 1 == loop.train_steps:
+                if step + 1 != last_saved:
+                    # The step's loss was computed before its update, so a finite loss does not
+                    # mean finite new parameters (e.g. an overflowing learning rate): check them
+                    # before they can replace the last good checkpoint.
+                    check_finite_params(state.params, step + 1, last_saved, model_dir)
+                    ckpt.save(step + 1, state)
+                    last_saved = step + 1
+    finally:
+        logger.close()
+        ckpt.close()
     return state.params
