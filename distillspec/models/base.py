@@ -17,8 +17,10 @@ Cache contract (what makes rolling back rejected drafts a per-row index move):
 
 from __future__ import annotations
 
+import abc
 from typing import Any, Protocol
 
+import flax.linen as nn
 import jax
 
 Params = Any
@@ -58,3 +60,25 @@ class DecodingModel(Protocol):
     ) -> tuple[jax.Array, Cache]:
         """Feeds tokens [B, K] at per-row positions [B]; returns (logits [B, K, V] f32, cache)."""
         ...
+
+
+class FlaxModel(abc.ABC):
+    """Parameter plumbing shared by the flax model wrappers.
+
+    Subclasses set `self.module` and define `_init_variables(rng)`, which initialises the
+    module on dummy inputs.
+    """
+
+    @abc.abstractmethod
+    def _init_variables(self, rng: jax.Array) -> Any:
+        """The module's variables, initialised on dummy inputs."""
+
+    def init(self, rng: jax.Array) -> Params:
+        """Fresh parameters (plain float32 pytree, no flax boxing) from a PRNG key."""
+        # One compiled program instead of hundreds of eagerly dispatched initialisers.
+        return nn.meta.unbox(jax.jit(self._init_variables)(rng)["params"])
+
+    def logical_axes(self) -> Any:
+        """Pytree of `jax.sharding.PartitionSpec` of logical axis names, matching `init`'s."""
+        abstract = jax.eval_shape(self._init_variables, jax.random.PRNGKey(0))
+        return nn.get_partition_spec(abstract)["params"]

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from distillspec.models import layers
+from distillspec.models.base import FlaxModel
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -157,7 +158,7 @@ class DecoderOnlyTransformer(nn.Module):
         return logits.astype(jnp.float32), cache
 
 
-class DecoderOnlyLM:
+class DecoderOnlyLM(FlaxModel):
     """A decoder-only language model implementing `distillspec.models.base.DecodingModel`.
 
     Params are a plain pytree of float32 arrays (no flax boxing); `logical_axes()` gives their
@@ -172,16 +173,6 @@ class DecoderOnlyLM:
     def _init_variables(self, rng: jax.Array) -> Any:
         tokens = jnp.zeros((1, 1), jnp.int32)
         return self.module.init(rng, tokens, jnp.zeros((1,), jnp.int32), {})
-
-    def init(self, rng: jax.Array) -> Any:
-        """Fresh parameters (plain float32 pytree) from a PRNG key."""
-        # One compiled program instead of hundreds of eagerly dispatched initialisers.
-        return nn.meta.unbox(jax.jit(self._init_variables)(rng)["params"])
-
-    def logical_axes(self) -> Any:
-        """Pytree of `jax.sharding.PartitionSpec` of logical axis names, matching `init`'s."""
-        abstract = jax.eval_shape(self._init_variables, jax.random.PRNGKey(0))
-        return nn.get_partition_spec(abstract)["params"]
 
     def logits(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
         """Teacher-forced logits.

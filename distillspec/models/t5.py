@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from distillspec.models import layers
+from distillspec.models.base import FlaxModel
 from distillspec.models.decoder_only import DTYPES, check_choice, check_positive
 
 PAD_ID = 0  # Encoder padding id.
@@ -204,7 +205,7 @@ class T5Transformer(nn.Module):
         return logits
 
 
-class T5LM:
+class T5LM(FlaxModel):
     """A T5 v1.1 model implementing `distillspec.models.base.DecodingModel`.
 
     The cache is {'layers': {'self': {'k','v'} [Ld, B, S, H, D], 'cross': (k, v) [Ld, B, Le, H, D]},
@@ -219,15 +220,6 @@ class T5LM:
     def _init_variables(self, rng: jax.Array) -> Any:
         tokens = jnp.ones((1, 1), jnp.int32)
         return self.module.init(rng, tokens, tokens)
-
-    def init(self, rng: jax.Array) -> Any:
-        """Fresh parameters (plain float32 pytree) from a PRNG key."""
-        return nn.meta.unbox(jax.jit(self._init_variables)(rng)["params"])
-
-    def logical_axes(self) -> Any:
-        """Pytree of `jax.sharding.PartitionSpec` of logical axis names, matching `init`'s."""
-        abstract = jax.eval_shape(self._init_variables, jax.random.PRNGKey(0))
-        return nn.get_partition_spec(abstract)["params"]
 
     def logits(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
         """Teacher-forced logits.
