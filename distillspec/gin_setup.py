@@ -143,3 +143,8 @@ def config_str() -> str:
 def scope(name: str):
     """Context manager: bindings under `name/` apply to configurables called inside it."""
     return gin.config_scope(name)
+
+
+def clear() -> None:
+    """Forgets every binding (configurables stay registered), before parsing a new config."""
+    gin.clear_config()
