@@ -220,7 +220,8 @@ def _compiled(target, draft, spec: _Spec):
     return jax.jit(functools.partial(_decode, target, draft, spec))
 
 
-def _shared_vocab_size(target, draft, vocab_size: int | None) -> int:
+def shared_vocab_size(target, draft, vocab_size: int | None) -> int:
+    """The vocabulary both models decode over; raises ValueError when they cannot share one."""
     sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
     if vocab_size is None:
         if len(set(sizes)) > 1:
@@ -290,7 +291,7 @@ def generate(
       DecodeResult; target_calls counts one per generated token.
     """
     spec = _Spec(
-        0, max_new_tokens, sampling, None, eos_id, _shared_vocab_size(model, None, vocab_size)
+        0, max_new_tokens, sampling, None, eos_id, shared_vocab_size(model, None, vocab_size)
     )
     return _run(model, None, params, None, prompt_tokens, prompt_lengths, rng, spec)
 
@@ -325,7 +326,7 @@ def speculative_generate(
         sampling,
         lenience,
         eos_id,
-        _shared_vocab_size(target, draft, vocab_size),
+        shared_vocab_size(target, draft, vocab_size),
     )
     return _run(
         target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec

@@ -35,13 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec.decoding import (
-    DecodeResult,
-    _shared_vocab_size,
-    generate,
-    speculative_generate,
-)
+from distillspec import datagen
+from distillspec.decoding import DecodeResult, generate, shared_vocab_size, speculative_generate
 from distillspec.sampling import SamplingConfig, logits_to_probs
+from distillspec.tables import read_records  # noqa: F401  (re-exported: records I/O lives here)
 
 RECORD_KEYS = (
     "draft",
@@ -102,44 +99,20 @@ def pack_teacher_forcing(
     completion_lengths: np.ndarray,
     *,
     encoder_decoder: bool = False,
-    decoder_start_id: int = 0,
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Packs ragged prompt + completion rows into fixed-shape teacher-forcing inputs.
-
-    Args:
-      prompt_tokens: [B, P] right-padded prompts; prompt_lengths: [B].
-      completion_tokens: [B, N] right-padded completions; completion_lengths: [B].
-      encoder_decoder: T5 layout instead of the decoder-only one.
-      decoder_start_id: first decoder input token (T5 layout only).
+) -> tuple[dict[str, jax.Array], jax.Array]:
+    """Teacher-forcing inputs for prompt + completion rows, packed as for training.
 
     Returns:
-      (batch, weights). Decoder-only: batch = {'decoder_input_tokens': [B, P+N]} holding
-      prompt[:p] + completion[:n] per row, right-padded with 0; weights [B, P+N] is 1 at the
-      positions p-1 .. p+n-2 whose logits predict completion tokens. T5: batch =
-      {'encoder_input_tokens': [B, P], 'decoder_input_tokens': [B, N] = [start] + completion[:-1]};
-      weights [B, N] is 1 at positions < n. weights are float32, 0 elsewhere.
+      (batch, weights): the model inputs of `datagen.pack_decoder_only` (decoder_input_tokens
+      [B, P+N], weights 1 at positions p-1 .. p+n-2) or of `datagen.pack_encoder_decoder`
+      (encoder_input_tokens [B, P], decoder_input_tokens [B, N] = [0] + completion[:-1],
+      weights 1 at positions < n).
     """
-    prompt_tokens = np.asarray(prompt_tokens, np.int32)
-    completion_tokens = np.asarray(completion_tokens, np.int32)
-    p_len = np.asarray(prompt_lengths, np.int64)
-    c_len = np.asarray(completion_lengths, np.int64)
-    batch, prompt_size = prompt_tokens.shape
-    size = completion_tokens.shape[1]
-    if encoder_decoder:
-        decoder = np.full((batch, size), decoder_start_id, np.int32)
-        decoder[:, 1:] = completion_tokens[:, :-1]
-        decoder = np.where(np.arange(size) < c_len[:, None], decoder, 0)
-        weights = (np.arange(size) < c_len[:, None]).astype(np.float32)
-        return {"encoder_input_tokens": prompt_tokens, "decoder_input_tokens": decoder}, weights
-    length = prompt_size + size
-    tokens = np.zeros((batch, length), np.int32)
-    weights = np.zeros((batch, length), np.float32)
-    for row in range(batch):
-        p, n = int(p_len[row]), int(c_len[row])
-        tokens[row, :p] = prompt_tokens[row, :p]
-        tokens[row, p : p + n] = completion_tokens[row, :n]
-        weights[row, max(p - 1, 0) : p - 1 + n] = 1.0
-    return {"decoder_input_tokens": tokens}, weights
+    pack = datagen.pack_encoder_decoder if encoder_decoder else datagen.pack_decoder_only
+    batch = pack(prompt_tokens, prompt_lengths, completion_tokens, completion_lengths)
+    weights = batch.pop("weights")
+    del batch["targets"]
+    return batch, weights
 
 
 @functools.lru_cache(maxsize=32)
@@ -218,7 +191,7 @@ def _check_drafts(target, drafts, vocab_size: int | None) -> None:
         if not (isinstance(entry, tuple | list) and len(entry) == 2):
             raise ValueError(f"drafts[{name!r}] must be a (model, params) pair, got {type(entry)}")
         try:  # The decoders' own check, run for every draft before anything is decoded.
-            _shared_vocab_size(target, entry[0], vocab_size)
+            shared_vocab_size(target, entry[0], vocab_size)
         except ValueError as e:
             raise ValueError(f"drafts[{name!r}]: {e}") from None
         if is_encoder_decoder(entry[0]) != is_encoder_decoder(target):
@@ -430,12 +403,6 @@ def append_records(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]
     with open(path, "a", encoding="utf-8") as f:
         for record in records:
             f.write(json.dumps(dict(record), sort_keys=False) + "\n")
-
-
-def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records of a records.jsonl file, in file order (blank lines skipped)."""
-    with open(os.fspath(path), encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def _prompt_sets(eval_sets, lengths, num_prompts: int, batch_size: int) -> dict:

@@ -137,7 +137,8 @@ def test_pack_teacher_forcing_layouts():
         prompt, [3, 1], completion, [2, 1], encoder_decoder=True
     )
     np.testing.assert_array_equal(batch["encoder_input_tokens"], prompt)
-    np.testing.assert_array_equal(batch["decoder_input_tokens"], [[0, 1], [0, 0]])
+    # T5X's shift-right: the position after a row's end holds its last token (weight 0 there).
+    np.testing.assert_array_equal(batch["decoder_input_tokens"], [[0, 1], [0, 3]])
     np.testing.assert_array_equal(weights, [[1, 1], [1, 0]])
 
 
