@@ -197,15 +197,18 @@ class Timer:
         return elapsed
 
 
+def _stopped(problem: str, last_checkpoint: int | None, model_dir: str) -> FloatingPointError:
+    kept = f"step {last_checkpoint}" if last_checkpoint is not None else "none yet"
+    return FloatingPointError(
+        f"{problem}; training stopped without saving it. The last good checkpoint ({kept}) is "
+        f"kept in {model_dir}/checkpoints; lower the learning rate or check the data."
+    )
+
+
 def check_finite(record: dict, step: int, last_checkpoint: int | None, model_dir: str) -> None:
     """Stops training on a NaN/inf loss, naming the step and the checkpoint that is kept."""
     if not np.isfinite(record["loss"]):
-        kept = f"step {last_checkpoint}" if last_checkpoint is not None else "none yet"
-        raise FloatingPointError(
-            f"loss is {record['loss']} at step {step}; training stopped. The last good "
-            f"checkpoint ({kept}) is kept in {model_dir}/checkpoints; lower the learning rate "
-            "or check the data."
-        )
+        raise _stopped(f"loss is {record['loss']} at step {step}", last_checkpoint, model_dir)
 
 
 @jax.jit
@@ -216,12 +219,8 @@ def _all_finite(tree) -> jax.Array:
 def check_finite_params(params, step: int, last_checkpoint: int | None, model_dir: str) -> None:
     """Refuses to checkpoint NaN/inf parameters, naming the step and the checkpoint kept."""
     if not bool(_all_finite(params)):
-        kept = f"step {last_checkpoint}" if last_checkpoint is not None else "none yet"
-        raise FloatingPointError(
-            f"the student's parameters after step {step} are not finite; training stopped "
-            f"without saving them. The last good checkpoint ({kept}) is kept in "
-            f"{model_dir}/checkpoints; lower the learning rate or check the data."
-        )
+        problem = f"the student's parameters after step {step} are not finite"
+        raise _stopped(problem, last_checkpoint, model_dir)
 
 
 @dataclasses.dataclass(frozen=True)
