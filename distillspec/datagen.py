@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec.decoding import generate
+from distillspec.models.t5 import T5LM
 from distillspec.sampling import SamplingConfig
 
 DATASET, STUDENT, TEACHER = 0, 1, 2
@@ -119,6 +120,16 @@ def pack_encoder_decoder(prompts, prompt_lengths, completions, completion_length
         "targets": targets,
         "weights": weights.astype(jnp.float32),
     }
+
+
+def is_encoder_decoder(model) -> bool:
+    """True for T5-style models (the prompt goes to the encoder)."""
+    return isinstance(model, T5LM)
+
+
+def pack_for(model):
+    """The packer of the model's family: `pack_encoder_decoder` or `pack_decoder_only`."""
+    return pack_encoder_decoder if is_encoder_decoder(model) else pack_decoder_only
 
 
 def select_rows(sources: np.ndarray, candidates: dict[int, tuple]) -> tuple:

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec import datagen
+from distillspec.datagen import is_encoder_decoder
 from distillspec.decoding import DecodeResult, generate, shared_vocab_size, speculative_generate
 from distillspec.sampling import SamplingConfig, logits_to_probs
 from distillspec.tables import read_records  # noqa: F401  (re-exported: records I/O lives here)
@@ -83,13 +84,6 @@ def tau_from_tvd(mean_tvd: float, gamma: int) -> float:
 # --------------------------------------------------------------------------------------------
 # Teacher forcing along the target's continuations.
 # --------------------------------------------------------------------------------------------
-
-
-def is_encoder_decoder(model: Any) -> bool:
-    """True for T5-style models (prompt on the encoder side)."""
-    from distillspec.models.t5 import T5LM  # Lazy: only the type is needed.
-
-    return isinstance(model, T5LM)
 
 
 def pack_teacher_forcing(

@@ -22,7 +22,6 @@ import numpy as np
 import optax
 
 from distillspec import checkpoints, datagen, losses, metrics, partitioning
-from distillspec.models.t5 import T5LM
 
 DIVERGENCES = losses.KINDS + ("ce",)
 OPTIMIZERS = ("adafactor", "adamw")
@@ -250,9 +249,7 @@ class Models:
 
     @property
     def packer(self) -> Callable[..., dict]:
-        if isinstance(self.student, T5LM):
-            return datagen.pack_encoder_decoder
-        return datagen.pack_decoder_only
+        return datagen.pack_for(self.student)
 
 
 def _initial_state(student, params, optimizer, mesh):
