@@ -5,8 +5,15 @@ Both decoders share one loop: a *round* feeds the target the last emitted token 
 shape; ragged progress is a per-row position, and dropping rejected drafts is moving that
 position back (the models' caches never look past it, see `distillspec.models.base`).
 
+The number of drafts per round is decided by a lookahead policy (`distillspec.lookahead`):
+static (gamma drafts every round) or dynamic (DISCO's classifier, a confidence threshold, the
+heuristic schedule, the oracle). A dynamic round drafts in a `lax.while_loop` that ends when every
+row has stopped or sl_max drafts are drawn; a row's drafts past its own stop are masked out of
+verification, so the output is the target's exactly, whatever the policy decides.
+
 Per call the caller gets, per row, the tokens and the counters from which the acceptance rate
-alpha = accepted / drafted and the block efficiency tau = tokens / target_calls derive.
+alpha = accepted / drafted and the block efficiency tau = tokens / target_calls derive, and the
+histogram of drafts per round.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec import lookahead as sl
+from distillspec.lookahead import Lookahead
 from distillspec.models.base import DecodingModel
 from distillspec.sampling import SamplingConfig, logits_to_probs, sample_categorical
 from distillspec.speculative import Lenience, accept_or_resample
@@ -35,6 +44,7 @@ class DecodeResult:
     accepted: np.ndarray  # [B] draft tokens the target kept.
     target_calls: np.ndarray  # [B] target calls made while decoding (the prompt's not counted).
     draft_calls: np.ndarray  # [B] draft calls made while decoding.
+    sl_histogram: np.ndarray  # [B, sl_max + 1] rounds per number of drafts proposed (0..sl_max).
 
     @property
     def alpha(self) -> float:
@@ -45,6 +55,11 @@ class DecodeResult:
     def tau(self) -> float:
         """Block efficiency over the batch: generated tokens per target call."""
         return float(self.lengths.sum() / max(self.target_calls.sum(), 1))
+
+    @property
+    def mean_sl(self) -> float:
+        """Mean speculation lookahead: drafts proposed per round (target call)."""
+        return float(self.drafted.sum() / max(self.target_calls.sum(), 1))
 
 
 @flax.struct.dataclass
@@ -60,13 +75,20 @@ class _LoopState:
     accepted: jax.Array
     target_calls: jax.Array
     draft_calls: jax.Array
+    sl_histogram: jax.Array  # [B, gamma + 1] int32.
+    lookahead: jax.Array  # [B] int32, the heuristic policy's current lookahead.
 
 
 @dataclasses.dataclass(frozen=True)
 class _Spec:
-    """Static description of a decoding call: one compiled program per distinct value."""
+    """Static description of a decoding call: one compiled program per distinct value.
 
-    gamma: int
+    Thresholds and other per-call values of the policy are inputs, not part of the spec, so
+    tuning them never recompiles.
+    """
+
+    gamma: int  # sl_max (0 = plain decoding).
+    policy: Lookahead | None  # Kind and sl_max only (threshold/start are canonicalised away).
     max_new_tokens: int
     sampling: SamplingConfig
     lenience: Lenience | None
@@ -86,33 +108,75 @@ def _write_rows(buf: jax.Array, values: jax.Array, start: jax.Array) -> jax.Arra
     )
 
 
-def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec):
-    """Draws gamma tokens from the draft: ([B, G] tokens, [B, G, V] probs, cache).
+def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inputs):
+    """Draws up to sl_max tokens per row, stopping each row where its policy says.
+
+    Returns ([B, G] tokens, [B, G, V] probs, num_drafts [B], draft calls [B], cache); positions
+    at or past a row's num_drafts are not proposed (they are masked in verification).
 
     The first call re-feeds the token before the last one too (K = 2): after a fully accepted
     round the draft has not seen the last draft token yet, and rewriting a cache entry with the
-    same token is harmless, so every round does the same fixed-shape work.
+    same token is harmless, so every round does the same fixed-shape work. Token i - 1 is fed
+    at iteration i, so a row that stops after i + 1 drafts has paid i + 1 draft calls.
     """
+    batch, gamma = state.position.shape[0], spec.gamma
     start = jnp.maximum(state.position - 1, 0)
     logits, cache = draft.extend(params, cache, _read_rows(state.tokens, start, 2), start)
     logits = jnp.take_along_axis(logits, (state.position - start)[:, None, None], axis=1)[:, 0]
 
-    def step(carry, i, feed=True):
-        cache, logits = carry
-        probs = logits_to_probs(logits, spec.sampling, spec.vocab_size)
-        token = sample_categorical(jax.random.fold_in(rng, i), probs)
-        if feed:  # All but the last draft are fed back to get the next distribution.
-            next_logits, cache = draft.extend(params, cache, token[:, None], state.position + 1 + i)
-            logits = next_logits[:, 0]
-        return (cache, logits), (token, probs)
+    def draw(i, logits, tokens, probs, stopped, num_drafts, calls):
+        p = logits_to_probs(logits, spec.sampling, spec.vocab_size)
+        token = sample_categorical(jax.random.fold_in(rng, i), p)
+        stop, n = sl.stop_after(
+            spec.policy, inputs, i, logits, token, state.num_new, state.lookahead, spec.vocab_size
+        )
+        return (
+            tokens.at[:, i].set(token),
+            probs.at[:, i].set(p),
+            stopped | stop,
+            jnp.where(stopped, num_drafts, n),  # A row that stopped earlier keeps its count.
+            calls + (~stopped).astype(jnp.int32),  # The call that produced this token.
+        )
 
-    (cache, logits), (tokens, probs) = jax.lax.scan(
-        step, (cache, logits), jnp.arange(spec.gamma - 1)
+    zeros = jnp.zeros((batch,), jnp.int32)
+    carry = draw(
+        0,
+        logits,
+        jnp.zeros((batch, gamma), jnp.int32),
+        jnp.zeros((batch, gamma, spec.vocab_size), jnp.float32),
+        state.done,  # Finished rows never keep the loop going.
+        zeros,
+        zeros,
     )
-    _, (last_token, last_probs) = step((cache, logits), spec.gamma - 1, feed=False)
-    tokens = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)
-    probs = jnp.concatenate([jnp.swapaxes(probs, 0, 1), last_probs[:, None]], axis=1)
-    return tokens, probs, cache
+
+    def body(loop):
+        i, cache, (tokens, probs, stopped, num_drafts, calls) = loop
+        fed = state.position + i  # Token i - 1 sits at position + 1 + (i - 1).
+        logits, cache = draft.extend(params, cache, tokens[:, i - 1][:, None], fed)
+        return i + 1, cache, draw(i, logits[:, 0], tokens, probs, stopped, num_drafts, calls)
+
+    _, cache, (tokens, probs, _, num_drafts, calls) = jax.lax.while_loop(
+        lambda loop: (loop[0] < gamma) & ~jnp.all(loop[2][2]), body, (1, cache, carry)
+    )
+    return tokens, probs, num_drafts, calls, cache
+
+
+def _verify(target, params, cache, tokens, position, num_drafts, done, spec: _Spec):
+    """The target's logits [B, G + 1, V] for last token + drafts, in the narrowest compiled width
+    that holds every active row's drafts (positions past the width are padding, never read)."""
+    widths = sl.verify_widths(spec.policy)
+    full = spec.gamma + 1
+
+    def call(width, cache):
+        logits, cache = target.extend(params, cache, tokens[:, :width], position)
+        return jnp.pad(logits, ((0, 0), (0, full - width), (0, 0))), cache
+
+    if len(widths) == 1:
+        return call(widths[0], cache)
+    needed = jnp.max(jnp.where(done, 0, num_drafts)) + 1
+    branch = jnp.searchsorted(jnp.asarray(widths), needed)
+    branches = [functools.partial(call, width) for width in widths]
+    return jax.lax.switch(branch, branches, cache)
 
 
 def _kept_count(new: jax.Array, num_emitted: jax.Array, remaining: jax.Array, eos_id):
@@ -126,26 +190,33 @@ def _kept_count(new: jax.Array, num_emitted: jax.Array, remaining: jax.Array, eo
     return jnp.minimum(count, first_eos + 1), jnp.any(is_eos, axis=1)
 
 
-def _round(state: _LoopState, target, draft, target_params, draft_params, spec: _Spec):
+def _round(state: _LoopState, target, draft, target_params, draft_params, spec: _Spec, inputs):
     """One draft-then-verify round (gamma = 0: one plain decoding step)."""
     rng, rng_draft, rng_verify = jax.random.split(state.rng, 3)
     batch = state.position.shape[0]
     last = jnp.take_along_axis(state.tokens, state.position[:, None], axis=1)
     if spec.gamma:
-        drafts, draft_probs, draft_cache = _draft_block(
-            draft, draft_params, state.draft_cache, state, rng_draft, spec
+        drafts, draft_probs, num_drafts, draft_calls, draft_cache = _draft_block(
+            draft, draft_params, state.draft_cache, state, rng_draft, spec, inputs
         )
+        tokens = jnp.concatenate([last, drafts], axis=1)
+        logits, target_cache = _verify(
+            target, target_params, state.target_cache, tokens, state.position, num_drafts,
+            state.done, spec,
+        )  # fmt: skip
     else:
         drafts = jnp.zeros((batch, 0), jnp.int32)
         draft_probs = jnp.zeros((batch, 0, spec.vocab_size), jnp.float32)
+        num_drafts = draft_calls = jnp.zeros((batch,), jnp.int32)
         draft_cache = state.draft_cache
-    logits, target_cache = target.extend(
-        target_params, state.target_cache, jnp.concatenate([last, drafts], axis=1), state.position
-    )
+        logits, target_cache = target.extend(
+            target_params, state.target_cache, last, state.position
+        )
     target_probs = logits_to_probs(logits, spec.sampling, spec.vocab_size)
     num_accepted, next_token = accept_or_resample(
-        rng_verify, drafts, draft_probs, target_probs, spec.lenience
-    )
+        rng_verify, drafts, draft_probs, target_probs, spec.lenience,
+        num_drafts=num_drafts if spec.gamma else None,
+    )  # fmt: skip
     index = jnp.arange(spec.gamma + 1)
     drafts_padded = jnp.pad(drafts, ((0, 0), (0, 1)))
     new = jnp.where(index < num_accepted[:, None], drafts_padded, next_token[:, None])
@@ -156,6 +227,10 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
     count = jnp.where(active, count, 0)
     num_new = state.num_new + count
     step = active.astype(jnp.int32)
+    lookahead = state.lookahead
+    if spec.gamma:
+        lookahead = sl.next_lookahead(spec.policy, lookahead, num_drafts, num_accepted)
+        lookahead = jnp.where(active, lookahead, state.lookahead)
     return _LoopState(
         tokens=_write_rows(state.tokens, new, state.position + 1),
         position=state.position + count,
@@ -164,15 +239,26 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
         target_cache=target_cache,
         draft_cache=draft_cache,
         rng=rng,
-        drafted=state.drafted + step * spec.gamma,
+        drafted=state.drafted + step * num_drafts,
         accepted=state.accepted + step * num_accepted,
         target_calls=state.target_calls + step,
-        draft_calls=state.draft_calls + step * spec.gamma,
+        draft_calls=state.draft_calls + step * draft_calls,
+        sl_histogram=state.sl_histogram
+        + step[:, None] * jax.nn.one_hot(num_drafts, spec.gamma + 1, dtype=jnp.int32),
+        lookahead=lookahead,
     )
 
 
 def _decode(
-    target, draft, spec: _Spec, target_params, draft_params, prompt_tokens, prompt_lengths, rng
+    target,
+    draft,
+    spec: _Spec,
+    target_params,
+    draft_params,
+    prompt_tokens,
+    prompt_lengths,
+    rng,
+    inputs,
 ):
     """The whole generation: prefill, rounds until every row is done, output extraction."""
     batch, prompt_len = prompt_tokens.shape
@@ -196,10 +282,16 @@ def _decode(
         accepted=zeros,
         target_calls=zeros,
         draft_calls=zeros,
+        sl_histogram=jnp.zeros((batch, spec.gamma + 1), jnp.int32),
+        lookahead=jnp.full((batch,), jnp.clip(inputs["start"], 1, max(spec.gamma, 1)), jnp.int32),
     )
+    if inputs.get("oracle_tokens") is not None:  # -1 past the reference never matches a draft.
+        oracle = jnp.asarray(inputs["oracle_tokens"], jnp.int32)
+        oracle = jnp.pad(oracle, ((0, 0), (0, spec.gamma)), constant_values=-1)
+        inputs = {**inputs, "oracle_tokens": oracle}
     state = jax.lax.while_loop(
         lambda s: ~jnp.all(s.done),
-        lambda s: _round(s, target, draft, target_params, draft_params, spec),
+        lambda s: _round(s, target, draft, target_params, draft_params, spec, inputs),
         state,
     )
     tokens = _read_rows(state.tokens, position + 1, spec.max_new_tokens)
@@ -211,6 +303,7 @@ def _decode(
         accepted=state.accepted,
         target_calls=state.target_calls,
         draft_calls=state.draft_calls,
+        sl_histogram=state.sl_histogram,
     )
 
 
@@ -254,14 +347,57 @@ def _check_prompt(prompt_tokens, prompt_lengths) -> tuple[jax.Array, jax.Array]:
     return prompt_tokens, prompt_lengths
 
 
-def _run(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec):
+def _run(
+    target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec, inputs
+):
     if not (isinstance(spec.max_new_tokens, int) and spec.max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {spec.max_new_tokens!r}")
     prompt_tokens, prompt_lengths = _check_prompt(prompt_tokens, prompt_lengths)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     fn = _compiled(target, draft, spec)
-    out = jax.device_get(fn(target_params, draft_params, prompt_tokens, prompt_lengths, rng))
-    return DecodeResult(**out)
+    out = fn(target_params, draft_params, prompt_tokens, prompt_lengths, rng, inputs)
+    return DecodeResult(**jax.device_get(out))
+
+
+def _policy_inputs(policy: Lookahead, classifier, oracle_tokens, spec: _Spec, batch: int):
+    """Checks the per-call values of a lookahead policy; returns the decoder's `inputs`."""
+    if policy.kind == "disco":
+        if classifier is None:
+            raise ValueError(
+                "lookahead kind 'disco' needs classifier= (variables from "
+                "distillspec.disco.load_classifier; train one with python -m distillspec.disco)"
+            )
+        top_k = sl.classifier_top_k(classifier)
+        if not 1 <= top_k <= spec.vocab_size:
+            raise ValueError(
+                f"the classifier reads the top {top_k} draft probabilities, but the vocabulary "
+                f"has {spec.vocab_size} ids"
+            )
+    elif classifier is not None:
+        raise ValueError(f"classifier= is used by lookahead kind 'disco' only, not {policy.kind!r}")
+    if policy.kind == "oracle":
+        if not spec.sampling.greedy:
+            raise ValueError(
+                "the oracle lookahead is defined for greedy decoding (temperature 0), got "
+                f"temperature {spec.sampling.temperature}"
+            )
+        shape = np.shape(oracle_tokens) if oracle_tokens is not None else None
+        if shape is None or len(shape) != 2 or shape[0] != batch or shape[1] < spec.max_new_tokens:
+            raise ValueError(
+                "lookahead kind 'oracle' needs oracle_tokens=[B, >= max_new_tokens], the target's "
+                f"greedy output (generate(...).tokens) for B={batch}, got shape {shape}"
+            )
+        oracle_tokens = jnp.asarray(oracle_tokens, jnp.int32)[:, : spec.max_new_tokens]
+    elif oracle_tokens is not None:
+        raise ValueError(
+            f"oracle_tokens= is used by lookahead kind 'oracle' only, not {policy.kind!r}"
+        )
+    return {
+        "threshold": jnp.float32(policy.threshold),
+        "start": jnp.int32(policy.start),
+        "classifier": classifier,
+        "oracle_tokens": oracle_tokens,
+    }
 
 
 def generate(
@@ -291,9 +427,10 @@ def generate(
       DecodeResult; target_calls counts one per generated token.
     """
     spec = _Spec(
-        0, max_new_tokens, sampling, None, eos_id, shared_vocab_size(model, None, vocab_size)
+        0, None, max_new_tokens, sampling, None, eos_id, shared_vocab_size(model, None, vocab_size)
     )
-    return _run(model, None, params, None, prompt_tokens, prompt_lengths, rng, spec)
+    inputs = {"start": jnp.int32(1)}
+    return _run(model, None, params, None, prompt_tokens, prompt_lengths, rng, spec, inputs)
 
 
 def speculative_generate(
@@ -305,7 +442,10 @@ def speculative_generate(
     prompt_lengths,
     rng: jax.Array | None = None,
     *,
-    gamma: int,
+    gamma: int | None = None,
+    lookahead: Lookahead | None = None,
+    classifier=None,
+    oracle_tokens=None,
     max_new_tokens: int,
     sampling: SamplingConfig = SamplingConfig(),
     lenience: Lenience | None = None,
@@ -315,19 +455,36 @@ def speculative_generate(
     """Speculative decoding (DistillSpec Algorithm A.1) in one jitted loop.
 
     Lossless (lenience None or eps = 1): greedy output equals `generate`'s token for token, and
-    sampled output is distributed exactly as the target's. Arguments as in `generate`, plus the
-    draft model, gamma (drafts per round, >= 1) and the lenience function for lossy decoding.
+    sampled output is distributed exactly as the target's, under every lookahead policy.
+    Arguments as in `generate`, plus:
+
+      draft, draft_params: the draft model.
+      gamma: drafts per round (>= 1), the static policy; or else
+      lookahead: a `distillspec.lookahead.Lookahead` policy (static, heuristic, confidence,
+        disco, oracle) with its sl_max cap. Its threshold and start are call inputs: changing
+        them does not recompile.
+      classifier: DISCO's classifier variables, for lookahead kind 'disco'.
+      oracle_tokens: [B, max_new_tokens] the target's greedy output, for kind 'oracle'.
+      lenience: the lenience function for lossy decoding.
     """
-    if not (isinstance(gamma, int) and gamma >= 1):
-        raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+    if (gamma is None) == (lookahead is None):
+        raise ValueError("pass exactly one of gamma= (static lookahead) and lookahead=")
+    if lookahead is None:
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+            raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+        lookahead = Lookahead("static", gamma)
+    if not isinstance(lookahead, Lookahead):
+        raise ValueError(f"lookahead must be a distillspec.lookahead.Lookahead, got {lookahead!r}")
     spec = _Spec(
-        gamma,
+        lookahead.sl_max,
+        Lookahead(lookahead.kind, lookahead.sl_max),  # Per-call values are inputs.
         max_new_tokens,
         sampling,
         lenience,
         eos_id,
         shared_vocab_size(target, draft, vocab_size),
     )
+    inputs = _policy_inputs(lookahead, classifier, oracle_tokens, spec, np.shape(prompt_tokens)[0])
     return _run(
-        target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec
+        target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec, inputs
     )

@@ -60,6 +60,7 @@ def accept_or_resample(
     draft_probs: jax.Array,
     target_probs: jax.Array,
     lenience: Lenience | None = None,
+    num_drafts: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Verifies a block of drafts against the target (one round of Algorithm A.1).
 
@@ -70,6 +71,9 @@ def accept_or_resample(
       target_probs: [B, G + 1, V] processed target distributions at the same positions, plus
         one after the last draft.
       lenience: f(p, eps); None is lossless.
+      num_drafts: [B] int32 in [0, G], drafts row b really proposed (a dynamic lookahead); the
+        positions from num_drafts on are not drafts: never accepted, and the first of them is
+        drawn from p as after a full block. None = all G.
 
     Returns:
       num_accepted: [B] int32 in [0, G], drafts kept before the first rejection.
@@ -77,10 +81,15 @@ def accept_or_resample(
         target's extra position when all drafts are kept.
     """
     rng_accept, rng_next = jax.random.split(rng)
+    if num_drafts is not None:
+        proposed = jnp.arange(draft_tokens.shape[1]) < num_drafts[:, None]  # [B, G]
+        draft_probs = jnp.where(proposed[..., None], draft_probs, 0.0)
     take = lambda probs: jnp.take_along_axis(probs, draft_tokens[..., None], axis=-1)[..., 0]
     accept_prob = acceptance_probability(take(draft_probs), take(target_probs[:, :-1]), lenience)
     # u < a (not <=) so that a = 0 always rejects and a = 1 always accepts: greedy stays exact.
     kept = jax.random.uniform(rng_accept, accept_prob.shape) < accept_prob
+    if num_drafts is not None:
+        kept = kept & proposed
     num_accepted = jnp.sum(jnp.cumprod(kept.astype(jnp.int32), axis=-1), axis=-1)
     # q is taken as 0 at the extra position, so the same residual formula yields p_gamma there.
     q_padded = jnp.pad(draft_probs, ((0, 0), (0, 1), (0, 0)))

@@ -80,3 +80,27 @@ def test_sampling_runs_and_draft_equal_target_accepts_all(name):
     )  # fmt: skip
     assert out.accepted.sum() == out.drafted.sum() > 0
     assert out.tokens.shape == (4, MAX_NEW) and out.tokens.max() < VOCAB
+
+
+@pytest.mark.parametrize("name", ["llama", "t5"])
+def test_dynamic_lookahead_keeps_greedy_output_exact(name):
+    from distillspec.lookahead import Lookahead
+    from tests.test_lookahead import random_classifier
+
+    model, params, draft_params = _family(name)
+    prompts, lengths = ragged_prompts(4, 6, VOCAB, seed=0)
+    plain = generate(model, params, prompts, lengths, max_new_tokens=MAX_NEW)
+    cases = [
+        (Lookahead("disco", 6, threshold=0.5), dict(classifier=random_classifier(4))),
+        (Lookahead("confidence", 6, threshold=0.3), {}),
+        (Lookahead("heuristic", 6, start=3), {}),
+        (Lookahead("oracle", 6), dict(oracle_tokens=plain.tokens)),
+    ]
+    for policy, kwargs in cases:
+        spec = speculative_generate(
+            model, model, params, draft_params, prompts, lengths, lookahead=policy,
+            max_new_tokens=MAX_NEW, **kwargs,
+        )  # fmt: skip
+        np.testing.assert_array_equal(spec.tokens, plain.tokens, err_msg=policy.name)
+        if policy.kind != "disco":  # (A random classifier may well stop at the same place.)
+            assert len(np.flatnonzero(spec.sl_histogram.sum(0))) >= 2, policy.name

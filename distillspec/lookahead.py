@@ -1,0 +1,187 @@
+"""Speculation lookahead (SL) policies: how many tokens the draft proposes in each round.
+
+A policy decides, after each draft token, whether the draft continues or the target verifies
+(DISCO, `../shared/seeds/003_7d9b24111ea17171.txt`). The decoder (`distillspec.decoding`) runs
+every policy inside its one jitted loop with a fixed maximum `sl_max`: drafting is a
+`lax.while_loop` that stops once every row has stopped, rows that stopped earlier are masked,
+and verification treats masked positions as not drafted, so the output stays exactly the
+target's (greedy token for token; sampled in distribution).
+
+Policies (`Lookahead.kind`):
+  static      every round drafts sl_max tokens (SL-k is static with sl_max = k).
+  heuristic   Hugging Face assisted generation's schedule: start at `start`, +2 after a round
+              whose drafts were all accepted, -1 otherwise, within [1, sl_max].
+  confidence  stop after a draft token whose draft probability (softmax at T = 1) is below
+              `threshold`.
+  disco       stop after a draft token whose classifier confidence C_i = FFN(features) is below
+              `threshold` (DISCO Eq. 2); the classifier is trained by `distillspec.disco`.
+  oracle      greedy only: stop before the first draft token that differs from the target's
+              greedy output (given as `oracle_tokens`), the per-round optimum of DISCO Sec. 2.
+
+Features of a draft token (`features`): its top-k draft probabilities, the entropy of the draft
+distribution, and log(1 + n) of its position n counted from the start of the generation (DISCO
+App. D). We use the generation position and not the index inside the current round because the
+classifier is trained on tokens that the draft predicts from the *target's* prefix: there the
+label does not depend on any round, so an in-round index would be a feature the training data
+cannot inform; the round is still capped by sl_max.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+KINDS = ("static", "heuristic", "confidence", "disco", "oracle")
+
+
+@dataclasses.dataclass(frozen=True)
+class Lookahead:
+    """A lookahead policy (see the module docstring). Validated on construction."""
+
+    kind: str = "static"
+    sl_max: int = 5  # Drafts per round at most (static: exactly), >= 1.
+    threshold: float = 0.5  # confidence / disco: stop below this confidence, in [0, 1].
+    start: int = 5  # heuristic: the first round's lookahead (clipped to sl_max).
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"lookahead kind must be one of {KINDS}, got {self.kind!r}")
+        if isinstance(self.sl_max, bool) or not isinstance(self.sl_max, int) or self.sl_max < 1:
+            raise ValueError(f"SL_max (sl_max) must be an integer >= 1, got {self.sl_max!r}")
+        if not 0.0 <= float(self.threshold) <= 1.0:
+            raise ValueError(f"lookahead threshold must be in [0, 1], got {self.threshold!r}")
+        if isinstance(self.start, bool) or not isinstance(self.start, int) or self.start < 1:
+            raise ValueError(f"heuristic start must be an integer >= 1, got {self.start!r}")
+
+    @property
+    def name(self) -> str:
+        """The policy's label in records: 'static-<k>' for static, else the kind."""
+        return f"static-{self.sl_max}" if self.kind == "static" else self.kind
+
+
+# --------------------------------------------------------------------------------------------
+# DISCO's classifier.
+# --------------------------------------------------------------------------------------------
+
+
+def features(logits: jax.Array, position: jax.Array, top_k: int, vocab_size: int) -> jax.Array:
+    """Classifier inputs for draft tokens: [..., top_k + 2].
+
+    Args:
+      logits: [..., V] raw draft logits of the distribution the token is drawn from.
+      position: [...] tokens generated before this one (0 for the first generated token).
+      top_k: how many of the largest probabilities to keep.
+      vocab_size: ids >= vocab_size are ignored (padded embeddings).
+
+    Returns:
+      concat(top_k probabilities (descending), entropy in nats, log(1 + position)).
+    """
+    logp = jax.nn.log_softmax(logits[..., :vocab_size].astype(jnp.float32), axis=-1)
+    probs = jnp.exp(logp)
+    entropy = -jnp.sum(probs * logp, axis=-1)
+    top = jax.lax.top_k(probs, top_k)[0]
+    pos = jnp.log1p(jnp.asarray(position, jnp.float32))
+    return jnp.concatenate([top, entropy[..., None], pos[..., None]], axis=-1)
+
+
+class StopClassifier(nn.Module):
+    """DISCO's 2-layer FFN: standardised features -> hidden ReLU layer -> acceptance logit."""
+
+    hidden: int = 32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        mean = self.variable("norm", "mean", jnp.zeros, x.shape[-1:])
+        std = self.variable("norm", "std", jnp.ones, x.shape[-1:])
+        x = (x - mean.value) / std.value
+        x = nn.relu(nn.Dense(self.hidden, name="hidden")(x))
+        return nn.Dense(1, name="out")(x)[..., 0]
+
+
+def num_features(top_k: int) -> int:
+    return top_k + 2
+
+
+def classifier_confidence(variables: Any, x: jax.Array) -> jax.Array:
+    """sigmoid(FFN(x)) in [0, 1] for features x [..., F]; variables {'params', 'norm'}."""
+    hidden = variables["params"]["hidden"]["kernel"].shape[-1]
+    return jax.nn.sigmoid(StopClassifier(hidden).apply(variables, x))
+
+
+def classifier_top_k(variables: Any) -> int:
+    """The top_k the classifier was built for (from its input width)."""
+    return int(variables["params"]["hidden"]["kernel"].shape[0]) - 2
+
+
+# --------------------------------------------------------------------------------------------
+# The stopping rule, as the decoder calls it.
+# --------------------------------------------------------------------------------------------
+
+
+def stop_after(
+    policy: Lookahead,
+    inputs: dict[str, Any],
+    index: int | jax.Array,
+    logits: jax.Array,
+    tokens: jax.Array,
+    num_new: jax.Array,
+    lookahead: jax.Array,
+    vocab_size: int,
+) -> tuple[jax.Array, jax.Array]:
+    """Whether each row stops drafting at draft index `index`, and its drafts if it does.
+
+    Args:
+      policy: the static description (kind, sl_max).
+      inputs: dynamic values: 'threshold' (f32 scalar), 'classifier' (variables) for disco,
+        'oracle_tokens' [B, N + sl_max] (padded with -1) for oracle.
+      index: the draft index i in the round (0-based) of the token just drawn.
+      logits: [B, V] raw draft logits the token was drawn from.
+      tokens: [B] the token just drawn.
+      num_new: [B] tokens generated before this round.
+      lookahead: [B] heuristic's current lookahead.
+      vocab_size: the shared vocabulary.
+
+    Returns:
+      (stop [B] bool, num_drafts [B] int32: the row's drafts in this round if it stops here,
+      i + 1 (this token is proposed) or i for the oracle's mismatch (it is not)).
+    """
+    last = index + 1 >= policy.sl_max
+    keep = jnp.full(tokens.shape, index + 1, jnp.int32)
+    if policy.kind == "static":
+        return jnp.broadcast_to(last, tokens.shape), keep
+    if policy.kind == "heuristic":
+        return last | (index + 1 >= lookahead), keep
+    if policy.kind == "oracle":
+        want = jnp.take_along_axis(inputs["oracle_tokens"], (num_new + index)[:, None], axis=1)
+        miss = tokens != want[:, 0]
+        return last | miss, jnp.where(miss, index, index + 1).astype(jnp.int32)
+    if policy.kind == "confidence":
+        probs = jax.nn.softmax(logits[..., :vocab_size].astype(jnp.float32), axis=-1)
+        confidence = jnp.max(probs, axis=-1)
+    else:  # disco
+        variables = inputs["classifier"]
+        x = features(logits, num_new + index, classifier_top_k(variables), vocab_size)
+        confidence = classifier_confidence(variables, x)
+    return last | (confidence < inputs["threshold"]), keep
+
+
+def next_lookahead(policy: Lookahead, lookahead, num_drafts, num_accepted) -> jax.Array:
+    """The heuristic's update: +2 after a fully accepted round, -1 otherwise, in [1, sl_max]."""
+    if policy.kind != "heuristic":
+        return lookahead
+    grown = jnp.where(num_accepted >= num_drafts, lookahead + 2, lookahead - 1)
+    return jnp.clip(grown, 1, policy.sl_max)
+
+
+def verify_widths(policy: Lookahead) -> tuple[int, ...]:
+    """Target call widths (drafts + 1) the decoder compiles; each round uses the smallest that
+    fits its largest draft count. Static policies always use sl_max + 1; the others use 1, the
+    powers of two up to sl_max, and sl_max + 1, so a short round does not pay for a long one."""
+    if policy.kind == "static":
+        return (policy.sl_max + 1,)
+    widths = {1, policy.sl_max + 1} | {2**i for i in range(1, policy.sl_max.bit_length())}
+    return tuple(sorted(w for w in widths if w <= policy.sl_max + 1))
