@@ -477,7 +477,7 @@ def speculative_generate(
         raise ValueError(f"lookahead must be a distillspec.lookahead.Lookahead, got {lookahead!r}")
     spec = _Spec(
         lookahead.sl_max,
-        Lookahead(lookahead.kind, lookahead.sl_max),  # Per-call values are inputs.
+        lookahead.static_part,  # Threshold and start are inputs.
         max_new_tokens,
         sampling,
         lenience,

@@ -38,6 +38,7 @@ import numpy as np
 from distillspec import datagen
 from distillspec.datagen import is_encoder_decoder
 from distillspec.decoding import DecodeResult, generate, shared_vocab_size, speculative_generate
+from distillspec.lookahead import Lookahead
 from distillspec.sampling import SamplingConfig, logits_to_probs
 from distillspec.tables import read_records  # noqa: F401  (re-exported: records I/O lives here)
 
@@ -150,7 +151,7 @@ def mean_tvd(
             result.lengths,
             encoder_decoder=is_encoder_decoder(target),
         )
-        weights = weights * _valid(batch)[:, None]
+        weights = weights * valid_rows(batch)[:, None]
         s, c = jax.device_get(fn(target_params, draft_params, packed, weights))
         total, count = total + float(s), count + float(c)
     return total / count if count else float("nan")
@@ -161,16 +162,16 @@ def mean_tvd(
 # --------------------------------------------------------------------------------------------
 
 
-def _valid(batch: Mapping[str, np.ndarray]) -> np.ndarray:
+def valid_rows(batch: Mapping[str, np.ndarray]) -> np.ndarray:
     """[B] float32 mask of real rows (prompt_batches pads a final partial batch)."""
     rows = np.asarray(batch["prompt_tokens"]).shape[0]
     return np.asarray(batch.get("valid", np.ones(rows, bool)), bool).astype(np.float32)
 
 
-def _decodable(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def decodable(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Copies the first valid row into padding rows so every row is a real prompt (lengths >= 1);
     their outputs are masked out of every count, and the batch keeps its compiled shape."""
-    valid = _valid(batch).astype(bool)
+    valid = valid_rows(batch).astype(bool)
     tokens = np.array(batch["prompt_tokens"], np.int32)
     lengths = np.array(batch["prompt_lengths"], np.int32)
     first = int(np.argmax(valid))
@@ -200,7 +201,7 @@ def _check_grid(prompts, gammas, temperatures, max_new_tokens, timing_repeats):
     for i, batch in enumerate(prompts):
         if "prompt_tokens" not in batch or "prompt_lengths" not in batch:
             raise ValueError(f"prompts[{i}] lacks 'prompt_tokens' / 'prompt_lengths'")
-    if not any(_valid(b).any() for b in prompts):
+    if not any(valid_rows(b).any() for b in prompts):
         raise ValueError("prompts holds no valid rows (every row has valid=False)")
     if not gammas or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in gammas):
         raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas!r}")
@@ -279,7 +280,7 @@ def _valid_sum(results: Sequence[DecodeResult], field: str, batches) -> float:
     """Sum of a DecodeResult counter over the valid rows of all batches."""
     return float(
         sum(
-            np.sum(np.asarray(getattr(r, field), np.float64) * _valid(b))
+            np.sum(np.asarray(getattr(r, field), np.float64) * valid_rows(b))
             for r, b in zip(results, batches)
         )
     )
@@ -296,7 +297,7 @@ def _record(plain, spec, t_plain, t_spec, batches, tvd: float, gamma: int) -> di
         "tau": spec_tokens / max(_valid_sum(spec, "target_calls", batches), 1.0),
         "tau_theory": tau_from_tvd(tvd, gamma) if math.isfinite(tvd) else float("nan"),
         "speedup": tokens_per_s / max(target_tokens_per_s, 1e-12),
-        "num_prompts": int(sum(_valid(b).sum() for b in batches)),
+        "num_prompts": int(sum(valid_rows(b).sum() for b in batches)),
         "tokens_per_s": tokens_per_s,
         "target_tokens_per_s": target_tokens_per_s,
         "mean_tvd": tvd,
@@ -343,7 +344,7 @@ def evaluate_drafts(
     gammas, temperatures = list(gammas), [float(t) for t in temperatures]
     _check_drafts(target, drafts, vocab_size)
     _check_grid(prompts, gammas, temperatures, max_new_tokens, timing_repeats)
-    batches = [_decodable(b) for b in prompts if _valid(b).any()]
+    batches = [decodable(b) for b in prompts if valid_rows(b).any()]
     base_rng = jax.random.PRNGKey(seed)
     common = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, vocab_size=vocab_size)
     records, tvd_cache = [], {}
@@ -372,6 +373,267 @@ def evaluate_drafts(
                 _report_progress(
                     record, len(records), len(drafts) * len(gammas) * len(temperatures)
                 )
+    return records
+
+
+# --------------------------------------------------------------------------------------------
+# Lookahead policies: batch-1 latency (DISCO Table 1).
+# --------------------------------------------------------------------------------------------
+
+POLICY_RECORD_KEYS = (
+    "draft",
+    "policy",
+    "sl_max",
+    "threshold",
+    "keep_last",
+    "temperature",
+    "alpha",
+    "tau",
+    "mean_sl",
+    "sl_histogram",
+    "latency_ms",
+    "target_latency_ms",
+    "speedup",
+    "exact",
+    "num_prompts",
+    "task",
+    "split",
+    "max_new_tokens",
+    "tokens",
+    "target_calls",
+    "draft_calls",
+)
+
+
+def single_prompts(batches: Iterable[Mapping[str, np.ndarray]]) -> list[tuple[np.ndarray, ...]]:
+    """The valid rows of prompt batches as batch-1 (prompt_tokens [1, P], prompt_lengths [1])."""
+    out = []
+    for batch in batches:
+        tokens, lengths = np.asarray(batch["prompt_tokens"]), np.asarray(batch["prompt_lengths"])
+        for row in np.flatnonzero(valid_rows(batch)):
+            out.append((tokens[row : row + 1].astype(np.int32), lengths[row : row + 1]))
+    return out
+
+
+def measure_policies(
+    target,
+    target_params,
+    draft,
+    draft_params,
+    prompts: Sequence[tuple[np.ndarray, np.ndarray]],
+    policies: Mapping[str, Lookahead],
+    *,
+    classifier=None,
+    max_new_tokens: int,
+    eos_id: int | None,
+    vocab_size: int | None = None,
+    timing_repeats: int = 1,
+    desc: str = "policies",
+) -> dict[str, dict[str, Any]]:
+    """Greedy decoding latency per generated token of each lookahead policy, at batch 1.
+
+    Every prompt is decoded by the target alone ('target') and by each policy, one after the
+    other (so a slower or busier stretch of the machine hits all of them alike); each program
+    is compiled on the first prompt before anything is timed; per prompt the median of
+    timing_repeats calls counts. The oracle policy gets the target's own output as reference.
+
+    Args:
+      prompts: (prompt_tokens [1, P], prompt_lengths [1]) pairs, all of one shape.
+      policies: {name: Lookahead}; names must not be 'target'.
+      classifier: DISCO classifier variables (for kind 'disco').
+      Others as in `evaluate_drafts`.
+
+    Returns:
+      {'target' and each policy name: measured fields of a policy record (see
+      POLICY_RECORD_KEYS): alpha, tau, mean_sl, sl_histogram, latency_ms, target_latency_ms,
+      speedup, exact, num_prompts, tokens, target_calls, draft_calls, sl_max, threshold}.
+    """
+    from tqdm import tqdm
+
+    if not prompts:
+        raise ValueError("prompts is empty: pass at least one (prompt_tokens, prompt_lengths)")
+    if "target" in policies:
+        raise ValueError("'target' is the plain target's name; name the policies otherwise")
+    common = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, vocab_size=vocab_size)
+    greedy = SamplingConfig()
+
+    def plain(prompt, reference):
+        return generate(target, target_params, *prompt, sampling=greedy, **common)
+
+    def policy_fn(lookahead):
+        def run(prompt, reference):
+            return speculative_generate(
+                target, draft, target_params, draft_params, *prompt, lookahead=lookahead,
+                classifier=classifier if lookahead.kind == "disco" else None,
+                oracle_tokens=reference.tokens if lookahead.kind == "oracle" else None,
+                sampling=greedy, **common,
+            )  # fmt: skip
+
+        return run
+
+    fns = {"target": plain, **{name: policy_fn(la) for name, la in policies.items()}}
+    references = [plain(prompt, None) for prompt in prompts]  # Also compiles the target.
+    for fn in fns.values():
+        fn(prompts[0], references[0])
+    seconds = dict.fromkeys(fns, 0.0)
+    results: dict[str, list[DecodeResult]] = {name: [] for name in fns}
+    for prompt, reference in tqdm(
+        list(zip(prompts, references)), desc=desc, unit="prompt", file=sys.stderr, leave=False
+    ):
+        for name, fn in fns.items():
+            times = []
+            for _ in range(timing_repeats):
+                result, t = _timed(functools.partial(fn, prompt, reference))
+                times.append(t)
+            seconds[name] += statistics.median(times)
+            results[name].append(result)
+    target_latency = 1000.0 * seconds["target"] / max(_counter_sum(references, "lengths"), 1)
+    out = {}
+    for name, runs in results.items():
+        total = functools.partial(_counter_sum, runs)
+        tokens = total("lengths")
+        hist = np.sum([r.sl_histogram.sum(0) for r in runs], axis=0)
+        latency = 1000.0 * seconds[name] / max(tokens, 1)
+        lookahead = policies.get(name)
+        out[name] = {
+            "sl_max": lookahead.sl_max if lookahead else 0,
+            "threshold": float(lookahead.threshold)
+            if lookahead and lookahead.kind in ("confidence", "disco")
+            else None,
+            "keep_last": lookahead.keep_last if lookahead else None,
+            "alpha": total("accepted") / max(total("drafted"), 1),
+            "tau": tokens / max(total("target_calls"), 1),
+            "mean_sl": total("drafted") / max(total("target_calls"), 1),
+            "sl_histogram": [int(v) for v in hist],
+            "latency_ms": latency,
+            "target_latency_ms": target_latency,
+            "speedup": target_latency / max(latency, 1e-12),
+            "exact": all(
+                np.array_equal(r.tokens, ref.tokens) and np.array_equal(r.lengths, ref.lengths)
+                for r, ref in zip(runs, references)
+            ),
+            "num_prompts": len(prompts),
+            "tokens": tokens,
+            "target_calls": total("target_calls"),
+            "draft_calls": total("draft_calls"),
+        }
+    return out
+
+
+def _counter_sum(results: Sequence[DecodeResult], field: str) -> int:
+    return int(sum(int(getattr(r, field).sum()) for r in results))
+
+
+def policy_records(
+    measured: Mapping[str, Mapping[str, Any]], *, draft: str, task: str, split: str,
+    max_new_tokens: int,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Flat records (POLICY_RECORD_KEYS order) from `measure_policies`' output."""
+    records = []
+    for name, fields in measured.items():
+        record = dict(fields, draft=draft, policy=name, temperature=0.0, task=task, split=split)
+        record["max_new_tokens"] = max_new_tokens
+        records.append({key: record[key] for key in POLICY_RECORD_KEYS})
+    return records
+
+
+POLICY_NAMES = ("static-<k>", "static-opt", "heuristic", "confidence", "disco", "oracle")
+TUNED_POLICIES = ("static-opt", "confidence", "disco")  # Need `distillspec.disco`'s tuning.
+
+
+def resolve_policies(
+    names: Sequence[str],
+    tuning: Mapping[str, Any] | None = None,
+    *,
+    heuristic_sl_max: int = 8,
+    heuristic_start: int = 5,
+    oracle_sl_max: int = 64,
+) -> dict[str, Lookahead]:
+    """{name: Lookahead} for policy names (the target alone is always measured besides).
+
+    Args:
+      names: 'static-<k>', 'static-opt', 'heuristic', 'confidence', 'disco', 'oracle'.
+      tuning: a draft's validation tuning (classifier.json's 'tuning', from
+        `python -m distillspec.disco`): static_opt, and the confidence and disco settings.
+      heuristic_sl_max, heuristic_start: the heuristic's cap and first lookahead.
+      oracle_sl_max: the oracle's cap (large: the oracle SL histogram is DISCO's Figure 4).
+    """
+    out = {}
+    for name in names:
+        if name == "target":
+            continue
+        if name in TUNED_POLICIES and not tuning:
+            raise ValueError(
+                f"policy {name!r} is tuned on validation data: train and tune the draft's "
+                "classifier first with python -m distillspec.disco"
+            )
+        if name.startswith("static-") and name[7:].isdigit():
+            out[name] = Lookahead("static", int(name[7:]))
+        elif name == "static-opt":
+            out[name] = Lookahead("static", int(tuning["static_opt"]))
+        elif name == "heuristic":
+            out[name] = Lookahead(
+                "heuristic", heuristic_sl_max, start=min(heuristic_start, heuristic_sl_max)
+            )
+        elif name in ("confidence", "disco"):
+            out[name] = Lookahead(name, **tuning[name])
+        elif name == "oracle":
+            out[name] = Lookahead("oracle", oracle_sl_max)
+        else:
+            raise ValueError(f"unknown lookahead policy {name!r}; valid: {', '.join(POLICY_NAMES)}")
+    return out
+
+
+def evaluate_policies(
+    target,
+    target_params,
+    drafts: Mapping[str, tuple[Any, Any, Any, Mapping[str, Any] | None]],
+    sets: Mapping[tuple[str, str], Sequence[Mapping[str, np.ndarray]]],
+    policies: Sequence[str],
+    *,
+    num_prompts: int,
+    max_new_tokens: int,
+    eos_id: int | None,
+    records_path: str | None = None,
+    timing_repeats: int = 1,
+    heuristic_sl_max: int = 8,
+    heuristic_start: int = 5,
+    oracle_sl_max: int = 64,
+) -> list[dict[str, Any]]:
+    """DISCO Table 1: every policy's batch-1 greedy latency, per eval set and draft.
+
+    Args:
+      drafts: {name: (model, params, DISCO classifier variables or None, tuning or None)}.
+      sets: {(task, split): prompt batches}; the first num_prompts valid prompts are used.
+      policies: names for `resolve_policies` (the target alone is always measured).
+      records_path: records are appended here as they are made (one eval set at a time).
+      Others as in `measure_policies` / `resolve_policies`.
+
+    Returns:
+      One record per (eval set, draft, policy), keys POLICY_RECORD_KEYS.
+    """
+    records = []
+    for name, (draft, draft_params, classifier, tuning) in drafts.items():
+        lookaheads = resolve_policies(
+            policies, tuning, heuristic_sl_max=heuristic_sl_max,
+            heuristic_start=heuristic_start, oracle_sl_max=oracle_sl_max,
+        )  # fmt: skip
+        for (task, split), batches in sets.items():
+            measured = measure_policies(
+                target, target_params, draft, draft_params,
+                single_prompts(batches)[:num_prompts], lookaheads, classifier=classifier,
+                max_new_tokens=max_new_tokens, eos_id=eos_id, timing_repeats=timing_repeats,
+                desc=f"{name} {task}/{split}",
+            )  # fmt: skip
+            new = policy_records(
+                measured, draft=name, task=task, split=split, max_new_tokens=max_new_tokens
+            )
+            if records_path:
+                append_records(records_path, new)
+            records += new
+            by = {r["policy"]: r for r in new}
+            line = " ".join(f"{p}={r['latency_ms']:.2f}ms" for p, r in by.items())
+            print(f"[policies] {name} {task}/{split}: {line}", file=sys.stderr, flush=True)
     return records
 
 
@@ -417,6 +679,20 @@ def _prompt_sets(eval_sets, lengths, num_prompts: int, batch_size: int) -> dict:
     return sets
 
 
+def open_run(run: str, output_dir, target_checkpoint, drafts, vocabulary, tfds_data_dir):
+    """A run function's common start: checks OUTPUT_DIR and drafts, registers the tasks,
+    loads the target. Returns (vocabulary, target model, target params)."""
+    from distillspec import checkpoints, tasks
+    from distillspec.models import from_pretrained
+
+    checkpoints.check_writable(output_dir)
+    if not drafts:
+        raise ValueError(f"{run} needs at least one draft: drafts = {{name: hf_directory}}")
+    vocab = tasks.get_vocabulary(vocabulary)
+    tasks.register_tasks(vocab, tfds_data_dir=tfds_data_dir)
+    return (vocab, *from_pretrained(target_checkpoint))
+
+
 def evaluate(
     output_dir: str,
     target_checkpoint: str,
@@ -431,26 +707,36 @@ def evaluate(
     seed: int = 0,
     vocabulary: str = "sentencepiece",
     tfds_data_dir: str | None = None,
+    policies: Sequence[str] = (),
+    heuristic_sl_max: int = 8,
+    heuristic_start: int = 5,
+    oracle_sl_max: int = 64,
 ) -> list[dict[str, Any]]:
     """Evaluates drafts (Hugging Face directories) against a target over eval sets and a grid.
 
-    Appends one record per (eval set, draft, gamma, temperature) to OUTPUT_DIR/records.jsonl,
-    then writes table.md, table.csv and tau_vs_gamma.png there and prints the table.
+    Appends one record per (eval set, draft, gamma, temperature) to OUTPUT_DIR/records.jsonl
+    (none if gammas is empty), and with `policies` one record per (eval set, draft, policy):
+    the lookahead policy axis, timed at batch 1 (see `evaluate_policies`; the tuned policies
+    read `<draft>/disco/`, written by python -m distillspec.disco). Then writes table.md,
+    table.csv, tau_vs_gamma.png (and disco_table.md, oracle_sl_hist.png) and prints the tables.
     """
-    from distillspec import checkpoints, tables, tasks
+    from distillspec import disco, tables
     from distillspec.models import from_pretrained
 
-    checkpoints.check_writable(output_dir)
-    if not drafts:
-        raise ValueError("evaluate needs at least one draft: drafts = {name: hf_directory}")
-    vocab = tasks.get_vocabulary(vocabulary)
-    tasks.register_tasks(vocab, tfds_data_dir=tfds_data_dir)
-    target, target_params = from_pretrained(target_checkpoint)
+    if not gammas and not policies:
+        raise ValueError("nothing to evaluate: gammas and policies are both empty")
+    resolve_policies(
+        [p for p in policies if p not in TUNED_POLICIES], heuristic_sl_max=heuristic_sl_max,
+        heuristic_start=heuristic_start, oracle_sl_max=oracle_sl_max,
+    )  # fmt: skip  # Bad names and values fail before anything is loaded.
+    vocab, target, target_params = open_run(
+        "evaluate", output_dir, target_checkpoint, drafts, vocabulary, tfds_data_dir
+    )
     models = {name: from_pretrained(path) for name, path in drafts.items()}
     records_path = os.path.join(output_dir, "records.jsonl")
     sets = _prompt_sets(eval_sets, task_feature_lengths, num_prompts, batch_size)
     records = []
-    for (task, split), batches in sets.items():
+    for (task, split), batches in sets.items() if gammas else ():
         new = evaluate_drafts(
             target, target_params, models, batches, gammas=gammas, temperatures=temperatures,
             max_new_tokens=task_feature_lengths["targets"], eos_id=vocab.eos_id, seed=seed,
@@ -458,6 +744,23 @@ def evaluate(
         )  # fmt: skip
         append_records(records_path, new)
         records += new
+    if policies:
+        with_classifiers = {}
+        for name, (draft, draft_params) in models.items():
+            classifier = tuning = None
+            if any(p in TUNED_POLICIES for p in policies):
+                classifier, metadata = disco.load_classifier(
+                    disco.classifier_dir(drafts[name]), draft, draft_params
+                )
+                tuning = metadata.get("tuning")
+            with_classifiers[name] = (draft, draft_params, classifier, tuning)
+        records += evaluate_policies(
+            target, target_params, with_classifiers, sets, policies, num_prompts=num_prompts,
+            max_new_tokens=task_feature_lengths["targets"], eos_id=vocab.eos_id,
+            records_path=records_path, timing_repeats=timing_repeats,
+            heuristic_sl_max=heuristic_sl_max, heuristic_start=heuristic_start,
+            oracle_sl_max=oracle_sl_max,
+        )  # fmt: skip
     print(tables.format_report(records_path, output_dir))
     return records
 

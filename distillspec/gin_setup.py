@@ -1,10 +1,10 @@
 """Gin glue for the run functions: what is configurable, and T5X's command-line flags.
 
 This is the only module that imports gin. The run functions (`distillspec.train.train`,
-`distillspec.evaluate.evaluate`, `distillspec.quickstart.quickstart`) and the typed config
-objects are registered here as external configurables, so a gin file can say
-`train.model_dir = %MODEL_DIR` or `LossConfig.divergence = 'jsd'`, and the modules that define
-them stay plain Python (and can run under `python -m` without registering twice).
+`distillspec.evaluate.evaluate`, `distillspec.quickstart.quickstart`, `distillspec.disco.disco`)
+and the typed config objects are registered here as external configurables, so a gin file can
+say `train.model_dir = %MODEL_DIR` or `LossConfig.divergence = 'jsd'`, and the modules that
+define them stay plain Python (and can run under `python -m` without registering twice).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
     Returns:
       {run name: the gin-configured run function}.
     """
-    from distillspec import evaluate, quickstart, train  # Run modules import this module.
+    from distillspec import disco, evaluate, quickstart, train  # Run modules import this one.
 
     runs = {
         "train": gin.external_configurable(
@@ -43,6 +43,7 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
         "quickstart": gin.external_configurable(
             quickstart.quickstart, module="distillspec.quickstart"
         ),
+        "disco": gin.external_configurable(disco.disco, module="distillspec.disco"),
     }
     for cls in (TransformerConfig, DecoderOnlyLM, T5Config, T5LM):
         gin.external_configurable(cls, module="distillspec.models")
@@ -54,7 +55,7 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
 
 
 def run_function(name: str) -> Callable[..., Any]:
-    """The gin-configured run function `name` ('train', 'evaluate' or 'quickstart')."""
+    """The gin-configured run function `name` ('train', 'evaluate', 'quickstart', 'disco')."""
     return register_configurables()[name]
 
 

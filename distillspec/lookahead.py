@@ -46,6 +46,10 @@ class Lookahead:
     sl_max: int = 5  # Drafts per round at most (static: exactly), >= 1.
     threshold: float = 0.5  # confidence / disco: stop below this confidence, in [0, 1].
     start: int = 5  # heuristic: the first round's lookahead (clipped to sl_max).
+    # confidence / disco: the draft token whose confidence fell below the threshold is still
+    # proposed (True, DISCO's rule: stop drafting *after* it), or dropped (False: the round may
+    # propose 0 tokens; cheaper where verifying a token costs real compute, as on a CPU).
+    keep_last: bool = True
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -56,6 +60,11 @@ class Lookahead:
             raise ValueError(f"lookahead threshold must be in [0, 1], got {self.threshold!r}")
         if isinstance(self.start, bool) or not isinstance(self.start, int) or self.start < 1:
             raise ValueError(f"heuristic start must be an integer >= 1, got {self.start!r}")
+
+    @property
+    def static_part(self) -> Lookahead:
+        """What the compiled program depends on (threshold and start are call inputs)."""
+        return Lookahead(self.kind, self.sl_max, keep_last=self.keep_last)
 
     @property
     def name(self) -> str:
@@ -147,7 +156,8 @@ def stop_after(
 
     Returns:
       (stop [B] bool, num_drafts [B] int32: the row's drafts in this round if it stops here,
-      i + 1 (this token is proposed) or i for the oracle's mismatch (it is not)).
+      i + 1 (this token is proposed) or i (it is not: the oracle's mismatch, or a doubtful
+      token under keep_last=False)).
     """
     last = index + 1 >= policy.sl_max
     keep = jnp.full(tokens.shape, index + 1, jnp.int32)
@@ -166,7 +176,9 @@ def stop_after(
         variables = inputs["classifier"]
         x = features(logits, num_new + index, classifier_top_k(variables), vocab_size)
         confidence = classifier_confidence(variables, x)
-    return last | (confidence < inputs["threshold"]), keep
+    low = confidence < inputs["threshold"]
+    drop = low & (not policy.keep_last)
+    return last | low, jnp.where(drop, index, index + 1).astype(jnp.int32)
 
 
 def next_lookahead(policy: Lookahead, lookahead, num_drafts, num_accepted) -> jax.Array:
@@ -179,9 +191,11 @@ def next_lookahead(policy: Lookahead, lookahead, num_drafts, num_accepted) -> ja
 
 def verify_widths(policy: Lookahead) -> tuple[int, ...]:
     """Target call widths (drafts + 1) the decoder compiles; each round uses the smallest that
-    fits its largest draft count. Static policies always use sl_max + 1; the others use 1, the
-    powers of two up to sl_max, and sl_max + 1, so a short round does not pay for a long one."""
+    fits its largest draft count. Static policies always use sl_max + 1; the others use every
+    width up to 9, then powers of two, and sl_max + 1, so a short round does not pay for a long
+    one (verification is not free where the target is compute-bound)."""
     if policy.kind == "static":
         return (policy.sl_max + 1,)
-    widths = {1, policy.sl_max + 1} | {2**i for i in range(1, policy.sl_max.bit_length())}
+    widths = set(range(1, 10)) | {policy.sl_max + 1}
+    widths |= {2**i for i in range(1, policy.sl_max.bit_length())}
     return tuple(sorted(w for w in widths if w <= policy.sl_max + 1))

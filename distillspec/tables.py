@@ -1,11 +1,20 @@
 """Turning evaluation records (records.jsonl) into tables and plots, without JAX.
 
-The layout follows DistillSpec's Table C.1: one row per (task/split, temperature, gamma) with
-tau and speed-up of the draft without distillation and with distillation, and the difference
-(tau as a relative improvement in %, speed-up as an absolute difference, e.g. +0.14).
+records.jsonl holds two kinds of records. Grid records (with a 'gamma' key, no 'policy' key) go
+into DistillSpec's Table C.1 layout: one row per (task/split, temperature, gamma) with tau and
+speed-up of the draft without distillation and with distillation, and the difference (tau as a
+relative improvement in %, speed-up as an absolute difference, e.g. +0.14), plus a tau-vs-gamma
+plot. Policy records (with a 'policy' key: target, static-<k>, static-opt, heuristic,
+confidence, disco, oracle) go into DISCO's Table 1 layout: one row per (task/split, draft,
+policy) with latency (ms/token), speed-up over the target, mean speculation lookahead (SL),
+tau, alpha, whether the output equals the target's, and the latency reduction relative to
+static-opt; the oracle's SL histogram gives DISCO's Figure 4. In both kinds, a later record of
+the same row replaces an earlier one (records.jsonl is append-only).
 
 Usage: python -m distillspec.tables RECORDS_JSONL [--out_dir DIR]
-writes table.md, table.csv and tau_vs_gamma.png and prints the Markdown table.
+writes table.md, table.csv and tau_vs_gamma.png (if grid records exist), disco_table.md,
+disco_table.csv (if policy records exist) and oracle_sl_hist.png (if oracle records exist),
+and prints the Markdown tables (Table C.1 first).
 
 This module is a pure formatter: it imports only the standard library, numpy and matplotlib, so
 reports can be made on a machine without an accelerator stack (a test checks that jax stays out).
@@ -35,14 +44,38 @@ HEADERS = {
     "speedup_distilled": "Speed-up with distillation",
     "tau_improvement_pct": "Δτ (%)",
     "speedup_difference": "Δ speed-up",
+    # DISCO Table 1 (policy records).
+    "draft": "Draft",
+    "policy": "Policy",
+    "sl_max": "SL max",
+    "threshold": "Threshold",
+    "latency_ms": "Latency (ms/token)",
+    "speedup": "Speed-up",
+    "mean_sl": "Mean SL",
+    "tau": "τ",
+    "alpha": "α",
+    "exact": "Exact",
+    "vs_static_opt_pct": "Latency vs static-opt (%)",
 }
 _GROUP_KEYS = ("task", "split", "temperature", "gamma")
+_TEXT_COLUMNS = ("task", "split", "draft", "policy")  # Left-aligned in Markdown.
+# DISCO Table 1 order; static-<k> sort by k between target and static-opt, unknown names last.
+_POLICY_ORDER = ("target", "static-<k>", "static-opt", "heuristic", "confidence", "disco", "oracle")
+_POLICY_COLUMNS = (
+    "sl_max", "threshold", "latency_ms", "speedup", "mean_sl", "tau", "alpha", "exact",
+)  # fmt: skip
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Records of a records.jsonl file (same format as `distillspec.evaluate.append_records`)."""
     with open(os.fspath(path), encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def is_policy_record(record: Mapping[str, Any]) -> bool:
+    """Whether a record is a DISCO policy record (it has a 'policy' key) rather than a grid
+    record of the Table C.1 layout."""
+    return "policy" in record
 
 
 def _group_key(record: Mapping[str, Any]) -> tuple:
@@ -55,10 +88,13 @@ def _group_key(record: Mapping[str, Any]) -> tuple:
 
 
 def _latest(records: Iterable[Mapping[str, Any]]) -> dict[tuple, dict[str, Mapping[str, Any]]]:
-    """{(task, split, temperature, gamma): {draft: record}}; a later record of the same
-    draft and grid point replaces an earlier one (records.jsonl is append-only)."""
+    """{(task, split, temperature, gamma): {draft: record}} of the grid records (policy records
+    are skipped); a later record of the same draft and grid point replaces an earlier one
+    (records.jsonl is append-only)."""
     groups: dict[tuple, dict[str, Mapping[str, Any]]] = {}
     for record in records:
+        if is_policy_record(record):
+            continue
         groups.setdefault(_group_key(record), {})[str(record["draft"])] = record
     return dict(sorted(groups.items()))
 
@@ -80,7 +116,8 @@ def _metric(record: Mapping[str, Any] | None, key: str) -> float | None:
 def records_to_table(
     records: Iterable[Mapping[str, Any]], baseline: str = "standard", distilled: str = "distilled"
 ) -> list[Row]:
-    """Rows of the Table C.1 layout, one per (task, split, temperature, gamma), sorted.
+    """Rows of the Table C.1 layout, one per (task, split, temperature, gamma), sorted; policy
+    records (see `policy_table`) are ignored.
 
     If drafts named `baseline` and `distilled` both occur, each row holds tau_baseline,
     speedup_baseline, tau_distilled, speedup_distilled, tau_improvement_pct
@@ -114,6 +151,73 @@ def records_to_table(
     return rows
 
 
+def _policy_rank(policy: str) -> tuple:
+    """Sort key of a policy name in DISCO's Table 1 order (see _POLICY_ORDER)."""
+    if policy in _POLICY_ORDER:
+        return (_POLICY_ORDER.index(policy), 0, "")
+    prefix, _, number = policy.partition("-")
+    if prefix == "static" and number.isdigit():
+        return (_POLICY_ORDER.index("static-<k>"), int(number), "")
+    return (len(_POLICY_ORDER), 0, policy)
+
+
+def _draft_rank(draft: str, baseline: str, distilled: str) -> tuple:
+    """Sort key of a draft: baseline first, then distilled, then the others alphabetically."""
+    order = (baseline, distilled)
+    return (order.index(draft), "") if draft in order else (len(order), draft)
+
+
+def _latest_policies(
+    records: Iterable[Mapping[str, Any]], baseline: str = "standard", distilled: str = "distilled"
+) -> dict[tuple[str, str, str, str], Mapping[str, Any]]:
+    """{(task, split, draft, policy): record} of the policy records (grid records are skipped),
+    in table order; a later record of the same key replaces an earlier one."""
+    latest: dict[tuple[str, str, str, str], Mapping[str, Any]] = {}
+    for record in records:
+        if is_policy_record(record):
+            key = (
+                str(record.get("task", "")),
+                str(record.get("split", "")),
+                str(record["draft"]),
+                str(record["policy"]),
+            )
+            latest[key] = record
+
+    def order(key: tuple[str, str, str, str]) -> tuple:
+        task, split, draft, policy = key
+        return (task, split, _draft_rank(draft, baseline, distilled), _policy_rank(policy))
+
+    return {key: latest[key] for key in sorted(latest, key=order)}
+
+
+def policy_table(
+    records: Iterable[Mapping[str, Any]], baseline: str = "standard", distilled: str = "distilled"
+) -> list[Row]:
+    """Rows of DISCO's Table 1 layout, one per (task, split, draft, policy); grid records are
+    ignored and a later record of the same key replaces an earlier one.
+
+    Rows are grouped by (task, split), then by draft (`baseline` first, then `distilled`, then
+    the others alphabetically), then ordered by policy: target, static-1, static-2, ... (by k),
+    static-opt, heuristic, confidence, disco, oracle, and unknown names alphabetically. Each row
+    holds task, split, draft, policy, sl_max, threshold, latency_ms, speedup, mean_sl, tau,
+    alpha, exact and vs_static_opt_pct, the latency reduction relative to the static-opt record
+    of the same task, split and draft: 100 * (latency(static-opt) - latency) / latency(static-opt)
+    (positive: faster than static-opt; None without such a record). Missing values are None.
+    """
+    latest = _latest_policies(records, baseline, distilled)
+    rows = []
+    for (task, split, draft, policy), record in latest.items():
+        row: Row = {"task": task, "split": split, "draft": draft, "policy": policy}
+        row.update((key, record.get(key)) for key in _POLICY_COLUMNS)
+        static_opt = _metric(latest.get((task, split, draft, "static-opt")), "latency_ms")
+        latency = _metric(record, "latency_ms")
+        row["vs_static_opt_pct"] = (
+            None if latency is None or not static_opt else 100.0 * (1.0 - latency / static_opt)
+        )
+        rows.append(row)
+    return rows
+
+
 def _columns(rows: Sequence[Row]) -> list[str]:
     columns: list[str] = []
     for row in rows:
@@ -124,9 +228,13 @@ def _columns(rows: Sequence[Row]) -> list[str]:
 def _format_cell(key: str, value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if key == "temperature":
         return f"T={value:g}"
-    if key == "tau_improvement_pct":
+    if key == "threshold":
+        return f"{value:g}"
+    if key in ("tau_improvement_pct", "vs_static_opt_pct"):
         return f"{value:+.1f}%"
     if key == "speedup_difference":
         return f"{value:+.2f}"
@@ -144,7 +252,7 @@ def to_markdown(rows: Sequence[Row]) -> str:
     columns = _columns(rows)
     lines = [
         "| " + " | ".join(HEADERS.get(c, c) for c in columns) + " |",
-        "|" + "|".join("---" if c in ("task", "split") else "---:" for c in columns) + "|",
+        "|" + "|".join("---" if c in _TEXT_COLUMNS else "---:" for c in columns) + "|",
     ]
     for row in rows:
         lines.append("| " + " | ".join(_format_cell(c, row.get(c)) for c in columns) + " |")
@@ -215,22 +323,100 @@ def plot_tau_vs_gamma(records: Iterable[Mapping[str, Any]], path: str | os.PathL
     plt.close(fig)
 
 
+def sl_stats(histogram: Sequence[float]) -> tuple[float, float]:
+    """Mean and (population) standard deviation of the SL whose histogram[k] counts rounds
+    with SL k; (nan, nan) for an empty histogram."""
+    total = float(sum(histogram))
+    if total <= 0:
+        return math.nan, math.nan
+    mean = sum(k * count for k, count in enumerate(histogram)) / total
+    variance = sum(count * (k - mean) ** 2 for k, count in enumerate(histogram)) / total
+    return mean, math.sqrt(variance)
+
+
+def plot_sl_histogram(
+    records: Iterable[Mapping[str, Any]], path: str | os.PathLike, policy: str = "oracle"
+) -> None:
+    """PNG: probability histogram of the SL chosen by `policy` (DISCO Fig. 4), from the
+    sl_histogram of its latest policy records; one subplot per task/split, one bar series per
+    draft, each subplot titled with mean ± std SL per draft. ValueError without such records."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # No display; must precede pyplot's import.
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    panels: dict[tuple[str, str], list[tuple[str, list[float]]]] = {}
+    for (task, split, draft, name), record in _latest_policies(records).items():
+        if name == policy:
+            histogram = [float(count) for count in record.get("sl_histogram") or []]
+            panels.setdefault((task, split), []).append((draft, histogram))
+    if not panels:
+        raise ValueError(f"no policy records of policy {policy!r} to plot")
+    drafts = {draft for series in panels.values() for draft, _ in series}
+    ordered = sorted(drafts, key=lambda d: _draft_rank(d, "standard", "distilled"))
+    colors = {draft: f"C{i % 10}" for i, draft in enumerate(ordered)}  # Same in every subplot.
+    ncols = min(len(panels), 3)
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax, ((task, split), series) in zip(axes.flat, panels.items()):
+        width = 0.8 / len(series)
+        stats = []
+        for i, (draft, histogram) in enumerate(series):
+            total = sum(histogram)
+            mean, std = sl_stats(histogram)
+            stats.append(f"{draft}: {mean:.2f} ± {std:.2f}")
+            if total > 0:
+                xs = [k - 0.4 + width * (i + 0.5) for k in range(len(histogram))]
+                probabilities = [c / total for c in histogram]
+                ax.bar(xs, probabilities, width=width, color=colors[draft], label=draft)
+        ax.set_title(f"{task}/{split}, {policy} SL (mean ± std)\n" + "; ".join(stats), fontsize=9)
+        ax.set_xlabel("SL (draft tokens per round)")
+        ax.set_ylabel("Probability")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # SL is an integer.
+        ax.grid(True, axis="y", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    _parent(path)
+    fig.savefig(os.fspath(path), format="png", dpi=120)
+    plt.close(fig)
+
+
 def format_report(
     records_path: str | os.PathLike,
     out_dir: str | os.PathLike,
     baseline: str = "standard",
     distilled: str = "distilled",
 ) -> str:
-    """Writes table.md, table.csv and tau_vs_gamma.png into out_dir; returns the Markdown."""
+    """Writes the report into out_dir and returns its Markdown tables, Table C.1 first and the
+    DISCO table second (separated by an empty line).
+
+    Grid records give table.md, table.csv and tau_vs_gamma.png; policy records give
+    disco_table.md and disco_table.csv, and oracle policy records also oracle_sl_hist.png.
+    Files of a kind that the records lack are not written. ValueError for a file without records.
+    """
     records = read_records(records_path)
     if not records:
         raise ValueError(f"{os.fspath(records_path)!r} holds no records")
-    rows = records_to_table(records, baseline, distilled)
+    grid = [record for record in records if not is_policy_record(record)]
+    policies = [record for record in records if is_policy_record(record)]
     out_dir = os.fspath(out_dir)
-    text = write_markdown(rows, os.path.join(out_dir, "table.md"))
-    write_csv(rows, os.path.join(out_dir, "table.csv"))
-    plot_tau_vs_gamma(records, os.path.join(out_dir, "tau_vs_gamma.png"))
-    return text
+    texts = []
+    if grid:
+        rows = records_to_table(grid, baseline, distilled)
+        texts.append(write_markdown(rows, os.path.join(out_dir, "table.md")))
+        write_csv(rows, os.path.join(out_dir, "table.csv"))
+        plot_tau_vs_gamma(grid, os.path.join(out_dir, "tau_vs_gamma.png"))
+    if policies:
+        rows = policy_table(policies, baseline, distilled)
+        texts.append(write_markdown(rows, os.path.join(out_dir, "disco_table.md")))
+        write_csv(rows, os.path.join(out_dir, "disco_table.csv"))
+        if any(str(record["policy"]) == "oracle" for record in policies):
+            plot_sl_histogram(policies, os.path.join(out_dir, "oracle_sl_hist.png"))
+    return "\n".join(texts)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,19 +11,12 @@ import pytest
 from distillspec import evaluate
 from distillspec.models.decoder_only import DecoderOnlyLM, TransformerConfig
 from distillspec.models.t5 import T5LM, T5Config
-from tests.test_utils import ragged_prompts
+from tests.test_utils import perturbed, ragged_prompts
 
 VOCAB = 32
 GAMMAS = (1, 3)
 TEMPERATURES = (0.0, 1.0)
 MAX_NEW = 12  # A multiple of every gamma + 1, so no round is cut short.
-
-
-def _perturbed(params, noise: float, seed: int):
-    leaves, treedef = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-    noisy = [x + noise * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-    return jax.tree.unflatten(treedef, noisy)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +38,7 @@ def setup():
             "valid": np.arange(4) < 2,
         },
     ]
-    drafts = {"same": (model, params), "noisy": (model, _perturbed(params, 0.1, seed=3))}
+    drafts = {"same": (model, params), "noisy": (model, perturbed(params, 0.1, seed=3))}
     records = evaluate.evaluate_drafts(
         model, params, drafts, prompts, gammas=GAMMAS, temperatures=TEMPERATURES,
         max_new_tokens=MAX_NEW, eos_id=None, task="toy", split="validation",
@@ -170,7 +163,7 @@ def test_packing_aligns_with_greedy_generation(setup, t5, family):
 
 def test_t5_records(setup, t5):
     model, params = t5
-    drafts = {"same": (model, params), "noisy": (model, _perturbed(params, 0.3, seed=4))}
+    drafts = {"same": (model, params), "noisy": (model, perturbed(params, 0.3, seed=4))}
     records = evaluate.evaluate_drafts(
         model, params, drafts, setup[2], gammas=(2,), temperatures=(0.0,), max_new_tokens=4,
         eos_id=None,
@@ -237,3 +230,43 @@ def test_all_rows_invalid_is_an_error(setup):
     empty = dict(prompts[1], valid=np.zeros(4, bool))
     with pytest.raises(ValueError, match="no valid rows"):
         evaluate.evaluate_drafts(model, params, drafts, [empty], max_new_tokens=2, eos_id=None)
+
+
+def test_policy_latency_records(setup):
+    from distillspec.lookahead import Lookahead
+
+    model, params, prompts, drafts, _ = setup
+    singles = evaluate.single_prompts(prompts)
+    assert len(singles) == 6 and all(t.shape == (1, 5) for t, _ in singles)  # Valid rows only.
+    policies = {
+        "static-1": Lookahead("static", 1),
+        "static-3": Lookahead("static", 3),
+        "heuristic": Lookahead("heuristic", 4, start=2),
+        "confidence": Lookahead("confidence", 4, threshold=0.3),
+        "oracle": Lookahead("oracle", 8),
+    }
+    measured = evaluate.measure_policies(
+        model, params, *drafts["noisy"], singles, policies, max_new_tokens=MAX_NEW, eos_id=None
+    )
+    records = evaluate.policy_records(
+        measured, draft="noisy", task="toy", split="test", max_new_tokens=MAX_NEW
+    )
+    assert [r["policy"] for r in records] == ["target", *policies]
+    for r in records:
+        assert tuple(r) == evaluate.POLICY_RECORD_KEYS
+        assert r["exact"] and r["num_prompts"] == 6 and r["tokens"] == 6 * MAX_NEW
+        assert sum(r["sl_histogram"]) == r["target_calls"]
+        assert r["speedup"] == pytest.approx(r["target_latency_ms"] / r["latency_ms"])
+        assert r["latency_ms"] > 0
+    by_name = {r["policy"]: r for r in records}
+    assert by_name["target"]["mean_sl"] == 0 and by_name["target"]["tau"] == 1
+    assert by_name["target"]["speedup"] == pytest.approx(1.0)
+    assert by_name["static-3"]["mean_sl"] == 3 and by_name["static-3"]["sl_histogram"][3] > 0
+    assert by_name["oracle"]["alpha"] == 1.0  # It drafts only what the target keeps.
+    assert by_name["oracle"]["target_calls"] <= by_name["static-3"]["target_calls"]
+    assert by_name["confidence"]["threshold"] == 0.3 and by_name["static-1"]["threshold"] is None
+    with pytest.raises(ValueError, match="'target'"):
+        evaluate.measure_policies(
+            model, params, *drafts["noisy"], singles, {"target": Lookahead()},
+            max_new_tokens=MAX_NEW, eos_id=None,
+        )  # fmt: skip

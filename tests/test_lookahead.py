@@ -37,6 +37,7 @@ def policies(vocab: int, sl_max: int, oracle: bool = True):
         (Lookahead("static", sl_max), {}),
         (Lookahead("heuristic", sl_max, start=2), {}),
         (Lookahead("confidence", sl_max, threshold=0.6), {}),
+        (Lookahead("confidence", sl_max, threshold=0.6, keep_last=False), {}),
         (Lookahead("disco", sl_max, threshold=0.5), {"classifier": random_classifier(2)}),
     ]
     return out + ([(Lookahead("oracle", sl_max), {})] if oracle else [])
@@ -57,8 +58,7 @@ def _spec(pair, prompts, lengths, policy, kwargs, n=24, plain=None, **extra):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("sl_max", [1, 5])
-@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("sl_max,batch", [(1, 4), (5, 1), (5, 4)])
 def test_every_policy_keeps_greedy_output_exact(pair, sl_max, batch):
     target, _ = pair
     prompts, lengths = ragged_prompts(batch, 5, target.vocab_size, seed=sl_max)
@@ -72,9 +72,9 @@ def test_every_policy_keeps_greedy_output_exact(pair, sl_max, batch):
         drafts = (out.sl_histogram * np.arange(sl_max + 1)).sum(1)
         np.testing.assert_array_equal(drafts, out.drafted, err_msg=policy.name)
         assert np.all(out.accepted <= out.drafted)
-        if policy.kind != "oracle":  # Drafting n tokens costs n draft calls ...
+        if policy.kind != "oracle" and policy.keep_last:  # n drafts cost n draft calls ...
             np.testing.assert_array_equal(out.draft_calls, out.drafted, err_msg=policy.name)
-        else:  # ... the oracle also pays the call that shows the first mismatch.
+        else:  # ... plus the call of a token drawn but not proposed.
             assert np.all(out.draft_calls >= out.drafted)
             assert np.all(out.draft_calls <= out.drafted + out.target_calls)
 
@@ -92,6 +92,10 @@ def test_policies_stop_where_they_should(pair):
         np.testing.assert_array_equal(never.sl_histogram, static.sl_histogram)
         always = run(Lookahead(kind, 4, threshold=1.0), **kw)
         np.testing.assert_array_equal(always.sl_histogram[:, 1], always.target_calls)
+        # Dropping the doubtful token: every round proposes nothing, i.e. plain decoding.
+        none = run(Lookahead(kind, 4, threshold=1.0, keep_last=False), **kw)
+        np.testing.assert_array_equal(none.sl_histogram[:, 0], none.target_calls)
+        np.testing.assert_array_equal(none.target_calls, 24)
     # A confident classifier drafts to the cap; a doubtful one stops after the first draft.
     sure = run(Lookahead("disco", 4, threshold=0.5), classifier=random_classifier(2, bias=50.0))
     np.testing.assert_array_equal(sure.sl_histogram, static.sl_histogram)
@@ -127,10 +131,10 @@ def test_heuristic_schedule():
     assert out.sl_histogram[0, 1] == out.target_calls[0] - 3
 
 
-@pytest.mark.parametrize("index", range(3))
+@pytest.mark.parametrize("index", range(4))
 def test_dynamic_policies_keep_sampling_exact(index):
     target, draft = markov_pair(vocab=4, seed=11, noise=1.5, scale=1.0)
-    policy, kwargs = policies(4, 3, oracle=False)[1:][index]  # heuristic, confidence, disco.
+    policy, kwargs = policies(4, 3, oracle=False)[1:][index]  # All but static.
     if policy.kind == "disco":  # Threshold at the median confidence over the stub's contexts.
         x = features(target.table.reshape(16, 4), jnp.arange(16) % 3, 2, 4)
         median = float(jnp.median(classifier_confidence(kwargs["classifier"], x)))
@@ -165,7 +169,8 @@ def test_changing_the_threshold_does_not_recompile(pair):
 
 def test_verify_widths():
     assert verify_widths(Lookahead("static", 5)) == (6,)
-    assert verify_widths(Lookahead("disco", 10)) == (1, 2, 4, 8, 11)
+    assert verify_widths(Lookahead("disco", 10)) == (1, 2, 3, 4, 5, 6, 7, 8, 9, 11)
+    assert verify_widths(Lookahead("disco", 32)) == (*range(1, 10), 16, 32, 33)
     assert verify_widths(Lookahead("oracle", 1)) == (1, 2)
 
 

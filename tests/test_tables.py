@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -123,3 +124,175 @@ def test_empty_records_file_is_an_error(tmp_path):
 def test_import_does_not_load_jax():
     code = "import distillspec.tables, sys; assert 'jax' not in sys.modules, 'jax imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# DISCO policy records (Table 1 of the DISCO paper; MBPP latencies in ms/token).
+def _policy(draft, policy, latency, task="mbpp", split="test", histogram=None, **extra):
+    target = 23.21
+    histogram = histogram or [1, 2, 3, 0, 4]
+    rounds = sum(histogram)
+    return {
+        "draft": draft, "policy": policy, "sl_max": len(histogram) - 1, "threshold": None,
+        "temperature": 0.0, "alpha": 0.7, "tau": 3.1, "mean_sl": tables.sl_stats(histogram)[0],
+        "sl_histogram": histogram, "latency_ms": latency, "target_latency_ms": target,
+        "speedup": target / latency, "exact": True, "num_prompts": 4, "task": task,
+        "split": split, "max_new_tokens": 64, "tokens": 256, "target_calls": rounds,
+        "draft_calls": 3 * rounds, **extra,
+    }  # fmt: skip
+
+
+POLICY_RECORDS = [
+    _policy("standard", "oracle", 10.18, histogram=[0, 1, 0, 2, 5]),
+    _policy("standard", "static-10", 16.0),
+    _policy("standard", "disco", 12.58, threshold=0.35),
+    _policy("standard", "target", 23.21),
+    _policy("standard", "static-2", 15.88),
+    _policy("standard", "static-opt", 14.16),
+    _policy("standard", "heuristic", 20.07),
+    _policy("standard", "confidence", 13.5, threshold=0.6),
+    _policy("standard", "zz-new", 13.0),
+    _policy("standard", "aa-new", 13.1),
+    _policy("distilled", "disco", 11.0),
+    _policy("distilled", "target", 23.21),
+    _policy("distilled", "oracle", 9.0),
+    _policy("standard", "target", 40.0, task="alpaca"),
+]
+
+
+def test_policy_table_order():
+    rows = tables.policy_table(POLICY_RECORDS)
+    keys = [(r["task"], r["split"], r["draft"], r["policy"]) for r in rows]
+    assert keys == [
+        ("alpaca", "test", "standard", "target"),
+        *[
+            ("mbpp", "test", "standard", p)
+            for p in (
+                "target",
+                "static-2",
+                "static-10",
+                "static-opt",
+                "heuristic",
+                "confidence",
+                "disco",
+                "oracle",
+                "aa-new",
+                "zz-new",
+            )  # fmt: skip
+        ],
+        ("mbpp", "test", "distilled", "target"),
+        ("mbpp", "test", "distilled", "disco"),
+        ("mbpp", "test", "distilled", "oracle"),
+    ]
+    assert list(rows[0]) == [
+        "task", "split", "draft", "policy", "sl_max", "threshold", "latency_ms", "speedup",
+        "mean_sl", "tau", "alpha", "exact", "vs_static_opt_pct",
+    ]  # fmt: skip
+    # Other baseline / distilled names change the draft order.
+    rows = tables.policy_table(POLICY_RECORDS, baseline="distilled", distilled="x")
+    assert [r["draft"] for r in rows if r["task"] == "mbpp"][0] == "distilled"
+
+
+def test_policy_table_latency_vs_static_opt():
+    by_key = {(r["task"], r["draft"], r["policy"]): r for r in tables.policy_table(POLICY_RECORDS)}
+    disco = by_key["mbpp", "standard", "disco"]
+    assert disco["vs_static_opt_pct"] == pytest.approx(100 * (14.16 - 12.58) / 14.16)  # 11.16%.
+    assert disco["latency_ms"] == 12.58 and disco["threshold"] == 0.35
+    assert disco["speedup"] == pytest.approx(23.21 / 12.58)
+    assert by_key["mbpp", "standard", "static-opt"]["vs_static_opt_pct"] == 0.0
+    target = by_key["mbpp", "standard", "target"]["vs_static_opt_pct"]
+    assert target == pytest.approx(100 * (14.16 - 23.21) / 14.16)  # Slower: negative.
+    # No static-opt record of the same task/split/draft: None (not another draft's static-opt).
+    assert by_key["mbpp", "distilled", "disco"]["vs_static_opt_pct"] is None
+    assert by_key["alpaca", "standard", "target"]["vs_static_opt_pct"] is None
+
+
+def test_policy_table_later_records_win_and_grid_records_are_ignored():
+    records = RECORDS + POLICY_RECORDS + [_policy("standard", "static-opt", 10.0)]
+    rows = tables.policy_table(records)
+    assert len(rows) == len(POLICY_RECORDS)  # No rows from the grid records.
+    by_key = {(r["task"], r["draft"], r["policy"]): r for r in rows}
+    assert by_key["mbpp", "standard", "static-opt"]["latency_ms"] == 10.0
+    disco = by_key["mbpp", "standard", "disco"]["vs_static_opt_pct"]
+    assert disco == pytest.approx(100 * (10.0 - 12.58) / 10.0)  # Uses the re-run's latency.
+
+
+def test_policy_table_markdown_and_csv(tmp_path):
+    rows = tables.policy_table(POLICY_RECORDS)
+    text = tables.to_markdown(rows)
+    header, align = text.splitlines()[:2]
+    for name in ("Latency (ms/token)", "Speed-up", "Mean SL", "τ", "α", "Exact"):
+        assert f"| {name} |" in header
+    assert header.endswith("| Latency vs static-opt (%) |")
+    assert align.startswith("|---|---|---|---|---:")  # Text columns left, numbers right.
+    mean_sl = tables.sl_stats([1, 2, 3, 0, 4])[0]
+    assert (
+        f"| mbpp | test | standard | disco | 4 | 0.35 | 12.58 | 1.84× | {mean_sl:.2f} | 3.10 "
+        "| 0.70 | yes | +11.2% |"
+    ) in text
+    assert "| mbpp | test | distilled | disco | 4 | – | 11.00 | 2.11× |" in text
+    tables.write_csv(rows, tmp_path / "d.csv")
+    with open(tmp_path / "d.csv", newline="") as f:
+        parsed = list(csv.DictReader(f))
+    assert [back["policy"] for back in parsed] == [row["policy"] for row in rows]
+    assert float(parsed[7]["vs_static_opt_pct"]) == pytest.approx(rows[7]["vs_static_opt_pct"])
+    assert parsed[-1]["vs_static_opt_pct"] == ""
+
+
+def test_table_c1_and_tau_plot_ignore_policy_records(tmp_path):
+    mixed = POLICY_RECORDS[:3] + RECORDS + POLICY_RECORDS[3:]
+    assert tables.records_to_table(mixed) == tables.records_to_table(RECORDS)
+    tables.plot_tau_vs_gamma(mixed, tmp_path / "plot.png")  # Policy records have no gamma.
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sl_stats():
+    assert tables.sl_stats([0, 2, 0, 2]) == pytest.approx((2.0, 1.0))
+    assert tables.sl_stats([1, 0, 0, 0, 1]) == pytest.approx((2.0, 2.0))  # Std, not variance.
+    assert tables.sl_stats([3]) == (0.0, 0.0)
+    assert all(math.isnan(v) for v in tables.sl_stats([0, 0]))
+
+
+def test_sl_histogram_plot(tmp_path):
+    records = POLICY_RECORDS + [_policy("standard", "oracle", 15.4, task="cnn_dm", split="val")]
+    tables.plot_sl_histogram(records, tmp_path / "hist.png")
+    assert (tmp_path / "hist.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tables.plot_sl_histogram(records, tmp_path / "disco.png", policy="disco")
+    assert (tmp_path / "disco.png").exists()
+    with pytest.raises(ValueError, match="oracle"):
+        tables.plot_sl_histogram(RECORDS + POLICY_RECORDS[1:3], tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_format_report_mixed_records(tmp_path):
+    old_text = tables.format_report(_write_jsonl(tmp_path / "old.jsonl", RECORDS), tmp_path / "a")
+    assert not (tmp_path / "a" / "disco_table.md").exists()
+    mixed = POLICY_RECORDS[:5] + RECORDS + POLICY_RECORDS[5:]
+    records_path = _write_jsonl(tmp_path / "records.jsonl", mixed)
+    text = tables.format_report(records_path, tmp_path / "b")
+    report = tmp_path / "b"
+    assert (report / "table.md").read_text() == old_text  # Unchanged by the policy records.
+    assert (report / "table.csv").read_text() == (tmp_path / "a" / "table.csv").read_text()
+    for name in ("tau_vs_gamma.png", "disco_table.md", "disco_table.csv", "oracle_sl_hist.png"):
+        assert (report / name).stat().st_size > 0
+    disco_text = (report / "disco_table.md").read_text()
+    assert disco_text == tables.to_markdown(tables.policy_table(POLICY_RECORDS))
+    assert text == old_text + "\n" + disco_text  # Table C.1 first, then DISCO's Table 1.
+    out = subprocess.run(
+        [sys.executable, "-m", "distillspec.tables", str(records_path)],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    assert out.stdout == text
+    assert (tmp_path / "disco_table.md").exists()  # Default out_dir: next to the records.
+
+
+def test_format_report_policy_records_only(tmp_path):
+    text = tables.format_report(_write_jsonl(tmp_path / "r.jsonl", POLICY_RECORDS), tmp_path / "a")
+    assert text == (tmp_path / "a" / "disco_table.md").read_text()
+    assert "| disco |" in text
+    assert (tmp_path / "a" / "oracle_sl_hist.png").exists()
+    for name in ("table.md", "table.csv", "tau_vs_gamma.png"):
+        assert not (tmp_path / "a" / name).exists()
+    no_oracle = [r for r in POLICY_RECORDS if r["policy"] != "oracle"]
+    tables.format_report(_write_jsonl(tmp_path / "n.jsonl", no_oracle), tmp_path / "n")
+    assert (tmp_path / "n" / "disco_table.csv").exists()
+    assert not (tmp_path / "n" / "oracle_sl_hist.png").exists()

@@ -61,3 +61,11 @@ def ragged_prompts(batch: int, length: int, vocab: int, seed: int = 0):
     tokens = rng.integers(1, vocab, size=(batch, length))
     tokens = np.where(np.arange(length) < lengths[:, None], tokens, 0)
     return tokens.astype(np.int32), lengths.astype(np.int32)
+
+
+def perturbed(params, noise: float, seed: int):
+    """params plus Gaussian noise of standard deviation noise (a draft close to a target)."""
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    noisy = [x + noise * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    return jax.tree.unflatten(treedef, noisy)

@@ -65,13 +65,21 @@ class DecodingModel(Protocol):
 class FlaxModel(abc.ABC):
     """Parameter plumbing shared by the flax model wrappers.
 
-    Subclasses set `self.module` and define `_init_variables(rng)`, which initialises the
-    module on dummy inputs.
+    Subclasses set `self.module` and `self.config` (a frozen dataclass) and define
+    `_init_variables(rng)`, which initialises the module on dummy inputs.
     """
 
     @abc.abstractmethod
     def _init_variables(self, rng: jax.Array) -> Any:
         """The module's variables, initialised on dummy inputs."""
+
+    # Models of the same class and config are interchangeable: the decoders' compiled programs
+    # (cached per model) are then shared, e.g. by a standard and a distilled draft.
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.config == other.config
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.config))
 
     def init(self, rng: jax.Array) -> Params:
         """Fresh parameters (plain float32 pytree, no flax boxing) from a PRNG key."""
