@@ -155,8 +155,12 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
         logits, cache = draft.extend(params, cache, tokens[:, i - 1][:, None], fed)
         return i + 1, cache, draw(i, logits[:, 0], tokens, probs, stopped, num_drafts, calls)
 
+    def more(loop):  # Another draft: below sl_max, and some row is still drafting.
+        i, _, (_, _, stopped, _, _) = loop
+        return (i < gamma) & ~jnp.all(stopped)
+
     _, cache, (tokens, probs, _, num_drafts, calls) = jax.lax.while_loop(
-        lambda loop: (loop[0] < gamma) & ~jnp.all(loop[2][2]), body, (1, cache, carry)
+        more, body, (1, cache, carry)
     )
     return tokens, probs, num_drafts, calls, cache
 

@@ -600,8 +600,10 @@ def tune_policies(
     eos_id: int | None, vocab_size: int | None = None, timing_repeats: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
     """DISCO App. E: the static SL, and threshold, SL_max (and keep_last) of the confidence and
-    DISCO rules, with the lowest measured latency per token on `prompts` (batch-1 (tokens,
-    lengths) pairs).
+    DISCO rules, with the lowest latency per token on `prompts` (batch-1 (tokens, lengths)
+    pairs). Latency is `evaluate.modeled_latency_ms`: the decoding runs' counted calls priced
+    with call costs measured here, which ranks 50-odd configurations without the timing noise
+    of a shared machine (measured wall-clock latencies are kept beside it).
 
     Returns:
       {'static_opt': k, 'confidence': {'threshold', 'sl_max', 'keep_last'}, 'disco': {...},
@@ -613,14 +615,24 @@ def tune_policies(
     ):
         label = f"{kind}@{sl_max}/{threshold:g}/{'keep' if keep_last else 'drop'}"
         grid[label] = lookahead.Lookahead(kind, sl_max, threshold=threshold, keep_last=keep_last)
+    widths = {w for la in grid.values() for w in lookahead.verify_widths(la)}
+    costs = evaluate.measure_call_costs(
+        target, target_params, draft, draft_params, prompts[0], widths,
+        max_new_tokens=max_new_tokens,
+    )  # fmt: skip
     measured = evaluate.measure_policies(
         target, target_params, draft, draft_params, prompts, grid, classifier=classifier,
-        max_new_tokens=max_new_tokens, eos_id=eos_id, vocab_size=vocab_size,
+        costs=costs, max_new_tokens=max_new_tokens, eos_id=eos_id, vocab_size=vocab_size,
         timing_repeats=timing_repeats, desc="tuning",
     )  # fmt: skip
-    latency = {name: m["latency_ms"] for name, m in measured.items()}
-    best = lambda prefix: min((n for n in grid if n.startswith(prefix)), key=latency.get)
-    out: dict[str, Any] = {"static_opt": grid[best("static-")].sl_max, "latency_ms": latency}
+    modeled = {name: m["modeled_latency_ms"] for name, m in measured.items()}
+    best = lambda prefix: min((n for n in grid if n.startswith(prefix)), key=modeled.get)
+    out: dict[str, Any] = {
+        "static_opt": grid[best("static-")].sl_max,
+        "modeled_latency_ms": modeled,
+        "latency_ms": {name: m["latency_ms"] for name, m in measured.items()},
+        "call_costs_ms": costs,
+    }
     for kind in ("confidence", "disco"):
         chosen = grid[best(kind + "@")]
         out[kind] = {

@@ -13,6 +13,13 @@ the plain target decoder and with the speculative decoder and returns one flat r
 
 Records go to `records.jsonl` (`append_records`); `distillspec.tables` formats them without JAX.
 
+The lookahead policy axis (DISCO Table 1, `evaluate_policies`): every policy of
+`resolve_policies` ('static-<k>', 'static-opt', 'heuristic', 'confidence', 'disco', 'oracle')
+and the target alone decode the same prompts at batch 1, greedy, interleaved per prompt
+(`measure_policies`), one record per (draft, policy) with the keys of `POLICY_RECORD_KEYS`:
+latency_ms per generated token, speedup against the target alone, mean_sl, the per-round
+sl_histogram, alpha, tau and exact (output identical to the target's).
+
 `evaluate` is the gin run function around `evaluate_drafts` (T5X style):
 
     python -m distillspec.evaluate --gin_file=runs/evaluate.gin --gin.OUTPUT_DIR=\"DIR\" \
@@ -36,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec import datagen
+from distillspec import lookahead as sl
 from distillspec.datagen import is_encoder_decoder
 from distillspec.decoding import DecodeResult, generate, shared_vocab_size, speculative_generate
 from distillspec.lookahead import Lookahead
@@ -392,6 +400,7 @@ POLICY_RECORD_KEYS = (
     "mean_sl",
     "sl_histogram",
     "latency_ms",
+    "modeled_latency_ms",
     "target_latency_ms",
     "speedup",
     "exact",
@@ -415,6 +424,67 @@ def single_prompts(batches: Iterable[Mapping[str, np.ndarray]]) -> list[tuple[np
     return out
 
 
+def measure_call_costs(
+    target,
+    target_params,
+    draft,
+    draft_params,
+    prompt: tuple[np.ndarray, np.ndarray],
+    widths: Iterable[int],
+    *,
+    max_new_tokens: int,
+    repeats: int = 5,
+) -> dict[str, Any]:
+    """Measured milliseconds per model call at batch 1, for `modeled_latency_ms`.
+
+    Returns:
+      {'target': {w: one target call scoring w positions}, 'draft': {1: .., 2: ..},
+       'round': the decoding loop's own work per step (plain ms/token - target[1], >= 0)}.
+    Each figure is the median of `repeats` timings of a jitted loop of calls (prefill and
+    dispatch cancelled out; `distillspec.benchmarks.speculative.step_timer`).
+    """
+    from distillspec.benchmarks.speculative import step_timer
+
+    tokens, lengths = prompt
+
+    def per_call(model, params, width):
+        timer = step_timer(model, params, tokens, lengths, width, calls=16)
+        return 1e3 * statistics.median(timer() for _ in range(repeats))
+
+    costs = {
+        "target": {w: per_call(target, target_params, w) for w in sorted(set(widths) | {1})},
+        "draft": {w: per_call(draft, draft_params, w) for w in (1, 2)},
+    }
+    plain = lambda: generate(target, target_params, tokens, lengths, max_new_tokens=max_new_tokens)
+    result = plain()
+    seconds = statistics.median(_timed(plain)[1] for _ in range(repeats))
+    per_token = 1e3 * seconds / max(int(result.lengths.sum()), 1)
+    costs["round"] = max(per_token - costs["target"][1], 0.0)
+    return costs
+
+
+def modeled_latency_ms(
+    policy: Lookahead | None, sl_histogram, draft_calls: int, tokens: int, costs
+) -> float:
+    """ms per token from counted calls and measured call costs (`measure_call_costs`).
+
+    Each round costs the target call at the width the decoder used (`verify_widths`) plus the
+    loop's per-round work; each draft call costs a draft step (the first of a round scores 2
+    positions). Deterministic for greedy decoding, so it ranks policies without the timing noise
+    of a shared machine; the measured latency is reported beside it.
+    """
+    widths = sl.verify_widths(policy) if policy else (1,)
+    total = 0.0
+    for drafts, rounds in enumerate(sl_histogram):
+        if rounds:
+            width = min(w for w in widths if w >= drafts + 1)
+            total += rounds * (costs["target"][width] + costs["round"])
+    if policy:
+        rounds = int(np.sum(sl_histogram))
+        total += rounds * costs["draft"][2] + (draft_calls - rounds) * costs["draft"][1]
+    return total / max(tokens, 1)
+
+
 def measure_policies(
     target,
     target_params,
@@ -424,6 +494,7 @@ def measure_policies(
     policies: Mapping[str, Lookahead],
     *,
     classifier=None,
+    costs: Mapping[str, Any] | None = None,
     max_new_tokens: int,
     eos_id: int | None,
     vocab_size: int | None = None,
@@ -441,6 +512,7 @@ def measure_policies(
       prompts: (prompt_tokens [1, P], prompt_lengths [1]) pairs, all of one shape.
       policies: {name: Lookahead}; names must not be 'target'.
       classifier: DISCO classifier variables (for kind 'disco').
+      costs: `measure_call_costs` output; with it each policy also gets modeled_latency_ms.
       Others as in `evaluate_drafts`.
 
     Returns:
@@ -506,6 +578,9 @@ def measure_policies(
             "mean_sl": total("drafted") / max(total("target_calls"), 1),
             "sl_histogram": [int(v) for v in hist],
             "latency_ms": latency,
+            "modeled_latency_ms": None
+            if costs is None
+            else modeled_latency_ms(lookahead, hist, total("draft_calls"), tokens, costs),
             "target_latency_ms": target_latency,
             "speedup": target_latency / max(latency, 1e-12),
             "exact": all(
@@ -599,6 +674,7 @@ def evaluate_policies(
     heuristic_sl_max: int = 8,
     heuristic_start: int = 5,
     oracle_sl_max: int = 64,
+    model_costs: bool = True,
 ) -> list[dict[str, Any]]:
     """DISCO Table 1: every policy's batch-1 greedy latency, per eval set and draft.
 
@@ -607,6 +683,7 @@ def evaluate_policies(
       sets: {(task, split): prompt batches}; the first num_prompts valid prompts are used.
       policies: names for `resolve_policies` (the target alone is always measured).
       records_path: records are appended here as they are made (one eval set at a time).
+      model_costs: also give each record modeled_latency_ms (call costs measured per draft).
       Others as in `measure_policies` / `resolve_policies`.
 
     Returns:
@@ -618,10 +695,19 @@ def evaluate_policies(
             policies, tuning, heuristic_sl_max=heuristic_sl_max,
             heuristic_start=heuristic_start, oracle_sl_max=oracle_sl_max,
         )  # fmt: skip
+        costs = None
+        if model_costs:
+            first = single_prompts(next(iter(sets.values())))[0]
+            widths = {w for la in lookaheads.values() for w in sl.verify_widths(la)}
+            costs = measure_call_costs(
+                target, target_params, draft, draft_params, first, widths,
+                max_new_tokens=max_new_tokens,
+            )  # fmt: skip
         for (task, split), batches in sets.items():
             measured = measure_policies(
                 target, target_params, draft, draft_params,
                 single_prompts(batches)[:num_prompts], lookaheads, classifier=classifier,
+                costs=costs,
                 max_new_tokens=max_new_tokens, eos_id=eos_id, timing_repeats=timing_repeats,
                 desc=f"{name} {task}/{split}",
             )  # fmt: skip

@@ -50,6 +50,7 @@ HEADERS = {
     "sl_max": "SL max",
     "threshold": "Threshold",
     "latency_ms": "Latency (ms/token)",
+    "modeled_latency_ms": "Modeled (ms/token)",
     "speedup": "Speed-up",
     "mean_sl": "Mean SL",
     "tau": "τ",
@@ -62,7 +63,8 @@ _TEXT_COLUMNS = ("task", "split", "draft", "policy")  # Left-aligned in Markdown
 # DISCO Table 1 order; static-<k> sort by k between target and static-opt, unknown names last.
 _POLICY_ORDER = ("target", "static-<k>", "static-opt", "heuristic", "confidence", "disco", "oracle")
 _POLICY_COLUMNS = (
-    "sl_max", "threshold", "latency_ms", "speedup", "mean_sl", "tau", "alpha", "exact",
+    "sl_max", "threshold", "latency_ms", "modeled_latency_ms", "speedup", "mean_sl", "tau",
+    "alpha", "exact",
 )  # fmt: skip
 
 

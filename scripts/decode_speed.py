@@ -4,8 +4,10 @@
 
 Prints one JSON line per batch size: milliseconds per decoding step of the target and of the
 draft alone (plain greedy decoding, so c = draft_ms / target_ms), and per generated token of
-speculative decoding, with its tau. Compilation is excluded; each figure is the median of
---repeats runs, interleaved. Random prompts: only the costs are meaningful, not tau.
+speculative decoding, with its tau; and the cost of one bare target call scoring k positions
+(`target_call_ms`, k = 1, 2, 3, 5, 9: flat when memory-bound, growing with k when
+compute-bound). Compilation is excluded; each figure is the median of --repeats runs,
+interleaved. Random prompts: only the costs are meaningful, not tau.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 
 import numpy as np
 
+from distillspec.benchmarks.speculative import step_timer
 from distillspec.decoding import generate, speculative_generate
 from distillspec.models import from_pretrained
 
@@ -47,6 +50,12 @@ def measure(target, tp, draft, dp, batch: int, args) -> dict:
         for name, fn in calls.items():
             times[name].append(_ms_per_token(fn, n))
     record = {name: round(statistics.median(t), 3) for name, t in times.items()}
+    record["target_call_ms"] = {
+        k: round(1e3 * statistics.median(timer() for _ in range(args.repeats)), 3)
+        for k, timer in (
+            (k, step_timer(target, tp, prompts, lengths, k, calls=16)) for k in (1, 2, 3, 5, 9)
+        )
+    }
     record.update(batch=batch, gamma=args.gamma, tau=round(tau, 3))
     record["c"] = round(record["draft_ms"] / record["target_ms"], 3)
     return record

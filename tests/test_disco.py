@@ -446,6 +446,11 @@ def test_disco_run_end_to_end(tmp_path, capsys):
     by = {r["policy"]: r for r in records}
     variables, metadata = disco.load_classifier(str(tmp_path / "draft" / "disco"))
     assert by["static-opt"]["sl_max"] == metadata["tuning"]["static_opt"] in (1, 2)
+    assert all(r["modeled_latency_ms"] > 0 for r in records)
+    modeled = metadata["tuning"]["modeled_latency_ms"]  # The tuning picks the modeled optimum.
+    assert modeled[f"static-{metadata['tuning']['static_opt']}"] == min(
+        modeled["static-1"], modeled["static-2"]
+    )
     assert by["disco"]["threshold"] == metadata["tuning"]["disco"]["threshold"]
     assert 0.0 <= metadata["f1_disco"] <= 1.0 and metadata["f1_static_sl_k"] >= 1
     out = tmp_path / "out"

@@ -270,3 +270,18 @@ def test_policy_latency_records(setup):
             model, params, *drafts["noisy"], singles, {"target": Lookahead()},
             max_new_tokens=MAX_NEW, eos_id=None,
         )  # fmt: skip
+
+
+def test_modeled_latency_by_hand():
+    from distillspec.lookahead import Lookahead
+
+    costs = {"target": {1: 1.0, 2: 1.5, 4: 2.5, 6: 3.5}, "draft": {1: 0.1, 2: 0.2}, "round": 0.3}
+    # Plain decoding: 10 rounds of one target step each.
+    assert evaluate.modeled_latency_ms(None, [10], 0, 10, costs) == pytest.approx(1.3)
+    # Static SL-5: every round verifies 6 positions; 2 rounds, 10 draft calls, 8 tokens.
+    static = evaluate.modeled_latency_ms(Lookahead("static", 5), [0] * 5 + [2], 10, 8, costs)
+    assert static == pytest.approx((2 * (3.5 + 0.3) + 2 * 0.2 + 8 * 0.1) / 8)
+    # DISCO rounds of 0, 1 and 3 drafts use widths 1, 2 and 4 (verify_widths of SL_max 5).
+    hist = [1, 1, 0, 1, 0, 0]
+    disco = evaluate.modeled_latency_ms(Lookahead("disco", 5), hist, 6, 7, costs)
+    assert disco == pytest.approx((1.0 + 1.5 + 2.5 + 3 * 0.3 + 3 * 0.2 + 3 * 0.1) / 7)

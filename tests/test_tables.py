@@ -184,8 +184,8 @@ def test_policy_table_order():
         ("mbpp", "test", "distilled", "oracle"),
     ]
     assert list(rows[0]) == [
-        "task", "split", "draft", "policy", "sl_max", "threshold", "latency_ms", "speedup",
-        "mean_sl", "tau", "alpha", "exact", "vs_static_opt_pct",
+        "task", "split", "draft", "policy", "sl_max", "threshold", "latency_ms",
+        "modeled_latency_ms", "speedup", "mean_sl", "tau", "alpha", "exact", "vs_static_opt_pct",
     ]  # fmt: skip
     # Other baseline / distilled names change the draft order.
     rows = tables.policy_table(POLICY_RECORDS, baseline="distilled", distilled="x")
@@ -226,10 +226,10 @@ def test_policy_table_markdown_and_csv(tmp_path):
     assert align.startswith("|---|---|---|---|---:")  # Text columns left, numbers right.
     mean_sl = tables.sl_stats([1, 2, 3, 0, 4])[0]
     assert (
-        f"| mbpp | test | standard | disco | 4 | 0.35 | 12.58 | 1.84× | {mean_sl:.2f} | 3.10 "
+        f"| mbpp | test | standard | disco | 4 | 0.35 | 12.58 | – | 1.84× | {mean_sl:.2f} | 3.10 "
         "| 0.70 | yes | +11.2% |"
     ) in text
-    assert "| mbpp | test | distilled | disco | 4 | – | 11.00 | 2.11× |" in text
+    assert "| mbpp | test | distilled | disco | 4 | – | 11.00 | – | 2.11× |" in text
     tables.write_csv(rows, tmp_path / "d.csv")
     with open(tmp_path / "d.csv", newline="") as f:
         parsed = list(csv.DictReader(f))

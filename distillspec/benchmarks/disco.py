@@ -14,9 +14,11 @@ Llama-style target and its early-exit draft, memory-bound on a CPU) with random-
   3. every policy timed on --test_prompts other prompts, interleaved per prompt, median of
      --timing_repeats calls, compilation excluded (`distillspec.evaluate.measure_policies`).
 
-Prints one JSON object: per policy latency (ms per token), speed-up against the target alone,
-mean SL, tau and exactness (output identical to the target's greedy output), and the headline
-ratios `disco_vs_static_opt_pct` and `oracle_vs_static_opt_pct` (latency reduction, %).
+Prints one JSON object: per policy measured and modeled latency (ms per token; modeled = counted
+calls priced with measured call costs, `evaluate.modeled_latency_ms`), speed-up against the
+target alone, mean SL, tau and exactness (output identical to the target's greedy output), and
+the headline ratios `disco_vs_static_opt_pct` and `oracle_vs_static_opt_pct` (latency
+reduction, %; `modeled_` ones from the modeled latency).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import sys
 import jax
 import numpy as np
 
-from distillspec import disco, evaluate
+from distillspec import disco, evaluate, lookahead
 from distillspec.benchmarks.speculative import TARGET, megabytes, reference_pair
 
 
@@ -90,15 +92,30 @@ def main(argv=None) -> dict:
     policies = evaluate.resolve_policies(
         names, tuning, heuristic_sl_max=max(args.sl_max_grid), oracle_sl_max=args.oracle_sl_max
     )
+    widths = {w for la in policies.values() for w in lookahead.verify_widths(la)}
+    costs = evaluate.measure_call_costs(
+        target,
+        target_params,
+        draft,
+        draft_params,
+        test[0],
+        widths,
+        max_new_tokens=args.max_new_tokens,
+    )
     measured = evaluate.measure_policies(
         target, target_params, draft, draft_params, test, policies, classifier=classifier,
-        timing_repeats=args.timing_repeats, desc="test", **common,
+        costs=costs, timing_repeats=args.timing_repeats, desc="test", **common,
     )  # fmt: skip
-    latency = {name: m["latency_ms"] for name, m in measured.items()}
-    reduction = lambda name: 100.0 * (latency["static-opt"] - latency[name]) / latency["static-opt"]
+
+    def reduction(name, key="latency_ms"):
+        opt = measured["static-opt"][key]
+        return round(100.0 * (opt - measured[name][key]) / opt, 2)
+
     result = {
-        "disco_vs_static_opt_pct": round(reduction("disco"), 2),
-        "oracle_vs_static_opt_pct": round(reduction("oracle"), 2),
+        "disco_vs_static_opt_pct": reduction("disco"),
+        "oracle_vs_static_opt_pct": reduction("oracle"),
+        "modeled_disco_vs_static_opt_pct": reduction("disco", "modeled_latency_ms"),
+        "modeled_oracle_vs_static_opt_pct": reduction("oracle", "modeled_latency_ms"),
         "all_exact": all(m["exact"] for m in measured.values()),
         "static_opt": tuning["static_opt"],
         "disco": tuning["disco"],
@@ -107,10 +124,23 @@ def main(argv=None) -> dict:
         "f1_static_sl": round(static_f1, 4),
         "f1_static_sl_k": static_k,
         "train_tokens": len(examples),
+        "call_costs_ms": {
+            "target": {str(w): round(t, 3) for w, t in costs["target"].items()},
+            "draft": {str(w): round(t, 3) for w, t in costs["draft"].items()},
+            "round": round(costs["round"], 3),
+        },
         "policies": {
             name: {
                 key: round(m[key], 4) if isinstance(m[key], float) else m[key]
-                for key in ("latency_ms", "speedup", "mean_sl", "tau", "alpha", "exact")
+                for key in (
+                    "latency_ms",
+                    "modeled_latency_ms",
+                    "speedup",
+                    "mean_sl",
+                    "tau",
+                    "alpha",
+                    "exact",
+                )  # fmt: skip
             }
             for name, m in measured.items()
         },

@@ -77,7 +77,7 @@ def megabytes(params) -> float:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)) / 1e6
 
 
-def _step_timer(model, params, prompts, lengths, tokens_per_call: int, calls: int):
+def step_timer(model, params, prompts, lengths, tokens_per_call: int, calls: int):
     """A jitted loop of `calls` cache extensions of `tokens_per_call` tokens; returns a timer."""
     batch, prompt_len = prompts.shape
     cache_length = prompt_len + tokens_per_call * calls + 1
@@ -126,9 +126,9 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompt_len: int, 
     )  # fmt: skip
     calls = max(8, max_new_tokens // (gamma + 1))
     timers = {
-        "draft": _step_timer(draft, draft_params, prompts, lengths, 1, calls),
-        "target": _step_timer(target, target_params, prompts, lengths, 1, calls),
-        "verify": _step_timer(target, target_params, prompts, lengths, gamma + 1, calls),
+        "draft": step_timer(draft, draft_params, prompts, lengths, 1, calls),
+        "target": step_timer(target, target_params, prompts, lengths, 1, calls),
+        "verify": step_timer(target, target_params, prompts, lengths, gamma + 1, calls),
     }
     plain_out, spec_out = plain(), spec()  # Compiles both.
     ratios, c, r_gamma, plain_s, spec_s = [], [], [], [], []
