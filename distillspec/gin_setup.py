@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
+import os
 import pathlib
 import re
 from collections.abc import Callable
@@ -123,6 +124,11 @@ def _parameter_names(name: str) -> list[str]:
 def load_config(files: list[str], bindings: list[str], search_paths: list[str] = ()) -> None:
     """Registers configurables, adds search paths (configs/ last) and parses files + bindings."""
     register_configurables()
+    # gin also looks configs up as files inside Python packages, and takes a directory of the
+    # working directory named like an include's folder (the quickstart's runs/ for
+    # `include 'runs/distill.gin'`) for a namespace package, then crashes. Our configs are
+    # plain files: keep gin's plain-file reader only.
+    gin.config._FILE_READERS[:] = [(open, os.path.isfile)]
     for path in [p for p in search_paths if p] + [str(CONFIGS_DIR), str(CONFIGS_DIR.parent)]:
         gin.add_config_file_search_path(path)
     try:

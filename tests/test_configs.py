@@ -83,3 +83,19 @@ def test_gin_file_parses_with_its_required_macros_bound(path):
 def test_required_macros_are_reported_by_name():
     gin_setup.load_config([str(CONFIGS / "runs" / "distill.gin")], ["MODEL_DIR = '/tmp/x'"])
     assert gin_setup.unbound_required() == ["STUDENT_CHECKPOINT", "TEACHER_CHECKPOINT"]
+
+
+def test_includes_resolve_with_a_runs_directory_in_the_working_directory(tmp_path, monkeypatch):
+    # After the quickstart, ./runs/ exists; gin must still find configs/runs/*.gin.
+    from distillspec import gin_setup
+
+    (tmp_path / "runs" / "quickstart").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    gin_setup.clear()
+    try:
+        gin_setup.load_config(["experiments/disco_quickstart.gin"], [])
+        gin_setup.clear()
+        gin_setup.load_config(["experiments/gkd.gin"], ["MODEL_DIR = '/tmp/x'"])
+    finally:
+        gin_setup.clear()
