@@ -12,9 +12,8 @@ import pytest
 from distillspec import disco, evaluate, lookahead
 from distillspec.decoding import generate
 from distillspec.lookahead import Lookahead
-from distillspec.models.decoder_only import DecoderOnlyLM, TransformerConfig
 from distillspec.models.t5 import T5LM, T5Config
-from tests.test_utils import perturbed, ragged_prompts
+from tests.test_utils import perturbed, ragged_prompts, tiny_lm
 
 VOCAB = 32
 MAX_NEW = 8
@@ -23,12 +22,7 @@ TOP_K = 4
 
 @pytest.fixture(scope="module")
 def models():
-    config = TransformerConfig(
-        vocab_size=VOCAB, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=8,
-        mlp_dim=64, init_std=0.3,
-    )  # fmt: skip
-    model = DecoderOnlyLM(config)
-    params = model.init(jax.random.PRNGKey(0))
+    model, params = tiny_lm(VOCAB)
     return model, params, perturbed(params, 0.02, seed=3)
 
 
@@ -404,15 +398,9 @@ def test_load_missing_and_save_bad_metadata(tmp_path, synthetic_run):
 
 
 def _tiny_run_dirs(tmp_path, noise_seed=1):
-    from distillspec.models import DecoderOnlyLM, TransformerConfig
     from distillspec.models.hf_interop import save_pretrained
 
-    config = TransformerConfig(
-        vocab_size=260, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=8,
-        mlp_dim=64, init_std=0.3,
-    )  # fmt: skip
-    model = DecoderOnlyLM(config)
-    params = model.init(jax.random.PRNGKey(0))
+    model, params = tiny_lm(260)
     save_pretrained(model, params, str(tmp_path / "target"))
     save_pretrained(model, perturbed(params, 0.02, noise_seed), str(tmp_path / "draft"))
     return str(tmp_path / "target"), str(tmp_path / "draft")

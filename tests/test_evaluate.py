@@ -11,7 +11,7 @@ import pytest
 from distillspec import evaluate
 from distillspec.models.decoder_only import DecoderOnlyLM, TransformerConfig
 from distillspec.models.t5 import T5LM, T5Config
-from tests.test_utils import perturbed, ragged_prompts
+from tests.test_utils import perturbed, ragged_prompts, tiny_lm
 
 VOCAB = 32
 GAMMAS = (1, 3)
@@ -21,12 +21,7 @@ MAX_NEW = 12  # A multiple of every gamma + 1, so no round is cut short.
 
 @pytest.fixture(scope="module")
 def setup():
-    config = TransformerConfig(
-        vocab_size=VOCAB, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=8,
-        mlp_dim=64, init_std=0.3,
-    )  # fmt: skip
-    model = DecoderOnlyLM(config)
-    params = model.init(jax.random.PRNGKey(0))
+    model, params = tiny_lm(VOCAB)
     tokens, lengths = ragged_prompts(4, 5, VOCAB, seed=1)
     second_tokens, second_lengths = ragged_prompts(4, 5, VOCAB, seed=2)
     prompts = [

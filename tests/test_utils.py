@@ -69,3 +69,15 @@ def perturbed(params, noise: float, seed: int):
     keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
     noisy = [x + noise * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
     return jax.tree.unflatten(treedef, noisy)
+
+
+def tiny_lm(vocab: int):
+    """A tiny random decoder-only model (2 layers, width 32) and its parameters."""
+    from distillspec.models import DecoderOnlyLM, TransformerConfig
+
+    config = TransformerConfig(
+        vocab_size=vocab, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=8,
+        mlp_dim=64, init_std=0.3,
+    )  # fmt: skip
+    model = DecoderOnlyLM(config)
+    return model, model.init(jax.random.PRNGKey(0))
