@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec.decoding import generate
-from distillspec.models.t5 import T5LM
 from distillspec.sampling import SamplingConfig
 
 DATASET, STUDENT, TEACHER = 0, 1, 2
@@ -122,14 +121,25 @@ def pack_encoder_decoder(prompts, prompt_lengths, completions, completion_length
     }
 
 
-def is_encoder_decoder(model) -> bool:
-    """True for T5-style models (the prompt goes to the encoder)."""
-    return isinstance(model, T5LM)
-
-
 def pack_for(model):
     """The packer of the model's family: `pack_encoder_decoder` or `pack_decoder_only`."""
-    return pack_encoder_decoder if is_encoder_decoder(model) else pack_decoder_only
+    return pack_encoder_decoder if model.encoder_decoder else pack_decoder_only
+
+
+def pack_teacher_forcing(
+    model, prompt_tokens, prompt_lengths, completion_tokens, completion_lengths
+) -> tuple[dict[str, jax.Array], jax.Array]:
+    """Teacher-forcing inputs of `model`'s family for prompt + completion rows, as in training.
+
+    Returns:
+      (batch, weights): the model inputs of `pack_decoder_only` (decoder_input_tokens [B, P+N],
+      weights 1 at positions p-1 .. p+n-2) or of `pack_encoder_decoder` (encoder_input_tokens
+      [B, P], decoder_input_tokens [B, N] = [0] + completion[:-1], weights 1 at positions < n).
+    """
+    batch = pack_for(model)(prompt_tokens, prompt_lengths, completion_tokens, completion_lengths)
+    weights = batch.pop("weights")
+    del batch["targets"]
+    return batch, weights
 
 
 def select_rows(sources: np.ndarray, candidates: dict[int, tuple]) -> tuple:
@@ -165,7 +175,7 @@ class ExampleStore:
 
     @classmethod
     def from_batches(cls, batches, max_examples: int | None = None) -> ExampleStore:
-        """Collects the valid rows of `tasks.prompt_batches`-style dicts."""
+        """Collects the valid rows of `feature_converters.prompt_batches`-style dicts."""
         rows = {
             k: []
             for k in ("prompt_tokens", "prompt_lengths", "completion_tokens", "completion_lengths")

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec import checks
 from distillspec import lookahead as sl
 from distillspec.lookahead import Lookahead
 from distillspec.models.base import DecodingModel
@@ -55,11 +56,6 @@ class DecodeResult:
     def tau(self) -> float:
         """Block efficiency over the batch: generated tokens per target call."""
         return float(self.lengths.sum() / max(self.target_calls.sum(), 1))
-
-    @property
-    def mean_sl(self) -> float:
-        """Mean speculation lookahead: drafts proposed per round (target call)."""
-        return float(self.drafted.sum() / max(self.target_calls.sum(), 1))
 
 
 @flax.struct.dataclass
@@ -474,9 +470,7 @@ def speculative_generate(
     if (gamma is None) == (lookahead is None):
         raise ValueError("pass exactly one of gamma= (static lookahead) and lookahead=")
     if lookahead is None:
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-            raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
-        lookahead = Lookahead("static", gamma)
+        lookahead = Lookahead("static", checks.check_int("gamma", gamma))
     if not isinstance(lookahead, Lookahead):
         raise ValueError(f"lookahead must be a distillspec.lookahead.Lookahead, got {lookahead!r}")
     spec = _Spec(

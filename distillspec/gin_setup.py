@@ -1,10 +1,11 @@
 """Gin glue for the run functions: what is configurable, and T5X's command-line flags.
 
-This is the only module that imports gin. The run functions (`distillspec.train.train`,
-`distillspec.evaluate.evaluate`, `distillspec.quickstart.quickstart`, `distillspec.disco.disco`)
-and the typed config objects are registered here as external configurables, so a gin file can
-say `train.model_dir = %MODEL_DIR` or `LossConfig.divergence = 'jsd'`, and the modules that
-define them stay plain Python (and can run under `python -m` without registering twice).
+This is the only module that imports gin. The run functions of `distillspec.runs` and the typed
+config objects are registered here as external configurables under the names configs use
+(`distillspec.train.train`, `distillspec.evaluate.evaluate`, `distillspec.quickstart.quickstart`,
+`distillspec.disco.disco`), so a gin file can say `train.model_dir = %MODEL_DIR` or
+`LossConfig.divergence = 'jsd'`, and the modules that define them stay plain Python.
+The `python -m distillspec.<run>` entry points call `main(run name)`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import inspect
 import os
 import pathlib
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,7 @@ import gin
 
 from distillspec import datagen, trainer
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
+from distillspec.runs import disco, evaluate, quickstart, train
 from distillspec.sampling import SamplingConfig
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -34,15 +37,13 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
     Returns:
       {run name: the gin-configured run function}.
     """
-    from distillspec import disco, evaluate, quickstart, train  # Run modules import this one.
-
     runs = {
         "train": gin.external_configurable(
-            train.train, module="distillspec.train", denylist=["console"]
+            train.train, module="distillspec.train", denylist=["console", "config_text"]
         ),
         "evaluate": gin.external_configurable(evaluate.evaluate, module="distillspec.evaluate"),
         "quickstart": gin.external_configurable(
-            quickstart.quickstart, module="distillspec.quickstart"
+            quickstart.quickstart, module="distillspec.quickstart", denylist=["stage"]
         ),
         "disco": gin.external_configurable(disco.disco, module="distillspec.disco"),
     }
@@ -56,8 +57,31 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
 
 
 def run_function(name: str) -> Callable[..., Any]:
-    """The gin-configured run function `name` ('train', 'evaluate', 'quickstart', 'disco')."""
-    return register_configurables()[name]
+    """The gin-configured run function `name` ('train', 'evaluate', 'quickstart', 'disco'),
+    given what only the gin layer knows: the parsed configuration (for MODEL_DIR/config.gin)
+    and, for the quickstart, its stages as gin-configured run functions under scopes."""
+    configured = register_configurables()[name]
+    if name == "train":
+        return lambda **kwargs: configured(config_text=config_str(), **kwargs)
+    if name == "quickstart":
+        return lambda **kwargs: configured(stage=scoped_run, **kwargs)
+    return configured
+
+
+def scoped_run(scope_name: str, name: str) -> Callable[..., Any]:
+    """The run function `name`, called with the bindings of gin scope `scope_name/` in force."""
+
+    def run(**kwargs):
+        with gin.config_scope(scope_name):
+            return run_function(name)(**kwargs)
+
+    return run
+
+
+def main(name: str, argv: list[str] | None = None) -> Any:
+    """`python -m distillspec.<name>`: parses the flags (`parse_command_line`), runs `name`."""
+    parse_command_line(list(argv if argv is not None else sys.argv[1:]), name)
+    return run_function(name)()
 
 
 def _binding(flag: str) -> str:
@@ -145,11 +169,6 @@ def load_config(files: list[str], bindings: list[str], search_paths: list[str] =
 def config_str() -> str:
     """The whole parsed configuration, as written to MODEL_DIR/config.gin."""
     return gin.config_str()
-
-
-def scope(name: str):
-    """Context manager: bindings under `name/` apply to configurables called inside it."""
-    return gin.config_scope(name)
 
 
 def clear() -> None:

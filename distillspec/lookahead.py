@@ -1,7 +1,7 @@
 """Speculation lookahead (SL) policies: how many tokens the draft proposes in each round.
 
 A policy decides, after each draft token, whether the draft continues or the target verifies
-(DISCO, `../shared/seeds/003_7d9b24111ea17171.txt`). The decoder (`distillspec.decoding`) runs
+(DISCO, Mamou et al., 2024). The decoder (`distillspec.decoding`) runs
 every policy inside its one jitted loop with a fixed maximum `sl_max`: drafting is a
 `lax.while_loop` that stops once every row has stopped, rows that stopped earlier are masked,
 and verification treats masked positions as not drafted, so the output stays exactly the
@@ -14,7 +14,7 @@ Policies (`Lookahead.kind`):
   confidence  stop after a draft token whose draft probability (softmax at T = 1) is below
               `threshold`.
   disco       stop after a draft token whose classifier confidence C_i = FFN(features) is below
-              `threshold` (DISCO Eq. 2); the classifier is trained by `distillspec.disco`.
+              `threshold` (DISCO Eq. 2); trained by `distillspec.disco.classifier`.
   oracle      greedy only: stop before the first draft token that differs from the target's
               greedy output (given as `oracle_tokens`), the per-round optimum of DISCO Sec. 2.
 
@@ -35,6 +35,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from distillspec import checks
+
 KINDS = ("static", "heuristic", "confidence", "disco", "oracle")
 
 
@@ -54,12 +56,10 @@ class Lookahead:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"lookahead kind must be one of {KINDS}, got {self.kind!r}")
-        if isinstance(self.sl_max, bool) or not isinstance(self.sl_max, int) or self.sl_max < 1:
-            raise ValueError(f"SL_max (sl_max) must be an integer >= 1, got {self.sl_max!r}")
+        object.__setattr__(self, "sl_max", checks.check_int("SL_max (sl_max)", self.sl_max))
         if not 0.0 <= float(self.threshold) <= 1.0:
             raise ValueError(f"lookahead threshold must be in [0, 1], got {self.threshold!r}")
-        if isinstance(self.start, bool) or not isinstance(self.start, int) or self.start < 1:
-            raise ValueError(f"heuristic start must be an integer >= 1, got {self.start!r}")
+        object.__setattr__(self, "start", checks.check_int("heuristic start", self.start))
 
     @property
     def static_part(self) -> Lookahead:

@@ -119,9 +119,13 @@ def total_variation(student_logits: ArrayLike, teacher_logits: ArrayLike) -> jax
     Returns:
       [B, L] float32 distances in [0, 1].
     """
-    p = jnp.exp(_log_probs(teacher_logits))
-    q = jnp.exp(_log_probs(student_logits))
-    return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
+    return tvd_of_probs(jnp.exp(_log_probs(teacher_logits)), jnp.exp(_log_probs(student_logits)))
+
+
+def tvd_of_probs(p: ArrayLike, q: ArrayLike) -> jax.Array:
+    """TVD(p, q) = 1/2 sum_v |p - q| of two [..., V] distributions (e.g. processed with a
+    sampling temperature, as the evaluation compares them); [...] float32."""
+    return 0.5 * jnp.sum(jnp.abs(jnp.asarray(p) - jnp.asarray(q)), axis=-1)
 
 
 def divergence(

@@ -14,14 +14,14 @@ and truncating metrics.jsonl needs no TensorFlow.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 import tqdm
+
+from distillspec.records import read_jsonl, write_jsonl_atomic
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_SUBDIR = "train"
@@ -31,35 +31,13 @@ def _metrics_path(model_dir: str) -> str:
     return os.path.join(model_dir, METRICS_FILE)
 
 
-def _parse_lines(path: str) -> list[dict[str, Any]]:
-    """Parses a metrics.jsonl file, tolerating a torn last line (a kill -9 mid-write).
-
-    Raises:
-      ValueError: naming file and line, for an unparseable line that is not the torn last one.
-    """
-    with open(path) as f:
-        lines = f.read().split("\n")
-    # A complete file ends with "\n", so a non-empty last piece is a line cut short.
-    torn = lines.pop()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{number} is not a JSON object: {line[:200]!r}") from e
-    if torn:
-        logging.warning("Ignoring a torn last line in %s: %r", path, torn[:200])
-    return records
-
-
 def read_metrics(model_dir: str) -> list[dict[str, Any]]:
-    """All records of `MODEL_DIR/metrics.jsonl` in file order ([] if the file does not exist)."""
+    """All records of `MODEL_DIR/metrics.jsonl` in file order ([] if the file does not exist);
+    a torn last line (a kill -9 mid-write) is skipped (`records.read_jsonl`)."""
     path = _metrics_path(model_dir)
     if not os.path.exists(path):
         return []
-    return _parse_lines(path)
+    return read_jsonl(path)
 
 
 def truncate_after(model_dir: str, step: int) -> None:
@@ -71,15 +49,7 @@ def truncate_after(model_dir: str, step: int) -> None:
     path = _metrics_path(model_dir)
     if not os.path.exists(path):
         return
-    kept = [r for r in _parse_lines(path) if r["step"] <= step]
-    fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=f".{METRICS_FILE}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(tmp, path)
-    except BaseException:
-        os.remove(tmp)
-        raise
+    write_jsonl_atomic(path, [r for r in read_jsonl(path) if r["step"] <= step])
 
 
 def _import_tf() -> Any:

@@ -143,18 +143,6 @@ def logical_to_mesh_spec(
     return PartitionSpec(*axes)
 
 
-def param_shardings(logical_axes: PyTree, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> PyTree:
-    """NamedShardings for a pytree of logical PartitionSpecs, by the rules alone.
-
-    Use `shardings_for` when some dimension might not divide its mesh axis.
-    """
-    return jax.tree.map(
-        lambda spec: NamedSharding(mesh, logical_to_mesh_spec(spec, mesh, rules)),
-        logical_axes,
-        is_leaf=lambda x: isinstance(x, PartitionSpec),
-    )
-
-
 def shardings_for(
     params: PyTree, logical_axes: PyTree, mesh: Mesh, rules: Rules = DEFAULT_RULES
 ) -> PyTree:

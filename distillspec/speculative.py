@@ -4,7 +4,7 @@ Draft token x at position i is kept with probability min(1, f(p_i(x), eps) / q_i
 rejected position is replaced by a draw from norm(max(0, p_i - q_i)); when all gamma drafts are
 kept, one more token is drawn from the target's extra position p_gamma. With f(p, 1) = p (no
 lenience) the emitted tokens are distributed exactly as the target's
-(`../shared/seeds/000_d7a1de781601b3fa.txt`).
+(Leviathan et al., 2023, Theorem 1; Chen et al., 2023).
 """
 
 from __future__ import annotations

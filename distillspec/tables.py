@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from distillspec.records import POLICY_NAMES, TARGET_POLICY, read_jsonl
 
 Row = dict[str, Any]
 
@@ -61,7 +62,7 @@ HEADERS = {
 _GROUP_KEYS = ("task", "split", "temperature", "gamma")
 _TEXT_COLUMNS = ("task", "split", "draft", "policy")  # Left-aligned in Markdown.
 # DISCO Table 1 order; static-<k> sort by k between target and static-opt, unknown names last.
-_POLICY_ORDER = ("target", "static-<k>", "static-opt", "heuristic", "confidence", "disco", "oracle")
+_POLICY_ORDER = (TARGET_POLICY, *POLICY_NAMES)
 _POLICY_COLUMNS = (
     "sl_max", "threshold", "latency_ms", "modeled_latency_ms", "speedup", "mean_sl", "tau",
     "alpha", "exact",
@@ -69,9 +70,8 @@ _POLICY_COLUMNS = (
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Records of a records.jsonl file (same format as `distillspec.evaluate.append_records`)."""
-    with open(os.fspath(path), encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """Records of a records.jsonl file (written by `distillspec.records.append_records`)."""
+    return read_jsonl(path)
 
 
 def is_policy_record(record: Mapping[str, Any]) -> bool:

@@ -1,4 +1,4 @@
-"""seqio tasks, vocabularies and fixed-shape prompt batches.
+"""seqio task registration: the embedded default's tasks and the paper's TFDS tasks.
 
 Tasks (registered by `register_tasks`, idempotent; a second call replaces the tasks):
 
@@ -19,145 +19,27 @@ Tasks (registered by `register_tasks`, idempotent; a second call replaces the ta
 completion, with EOS appended. TFDS tasks read only prepared data from `tfds_data_dir` and never
 download; missing data raises `DatasetMissingError` with the commands that prepare it.
 
-Vocabularies (`get_vocabulary`): 'sentencepiece' (default; BPE trained on the stdlib_code train
-split, byte fallback, whitespace and newlines kept exactly, cached on disk) and 'byte'.
+Vocabularies are in `distillspec.vocabularies`; fixed-shape prompt batches of a task in
+`distillspec.feature_converters`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import io
 import os
-import pathlib
-import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
-import sentencepiece as spm
 import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from distillspec import corpus
-
-CACHE_ENV_VAR = "DISTILLSPEC_CACHE"
-VOCABULARY_NAMES = ("sentencepiece", "byte")
-DEFAULT_VOCAB_SIZE = 2048
-# Lines sampled for SentencePiece training; the full train split (~72k lines) trains in ~1 s
-# with BPE, so this cap only matters for larger custom corpora.
-_SPM_MAX_LINES = 200_000
+from distillspec.vocabularies import get_vocabulary
 
 
 class DatasetMissingError(FileNotFoundError):
     """A TFDS data set is not prepared in the given data directory (nothing is downloaded)."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Vocabularies.
-
-
-def default_cache_dir() -> pathlib.Path:
-    """`$DISTILLSPEC_CACHE`, else `~/.cache/distillspec`."""
-    return pathlib.Path(os.environ.get(CACHE_ENV_VAR, "~/.cache/distillspec")).expanduser()
-
-
-def _spm_options(vocab_size: int) -> dict[str, object]:
-    """SentencePiece trainer options; each choice keeps code text exactly representable."""
-    return dict(
-        vocab_size=vocab_size,
-        model_type="bpe",  # Unigram compresses no better here and trains ~25x slower.
-        character_coverage=1.0,
-        byte_fallback=True,  # Any byte (tabs, \r, rare unicode) encodes, so decode is exact.
-        normalization_rule_name="identity",  # NFKC would rewrite unicode and full-width text.
-        remove_extra_whitespaces=False,  # Indentation is meaning in Python.
-        add_dummy_prefix=False,  # So that encode(prompt) + encode(completion) joins cleanly.
-        allow_whitespace_only_pieces=True,  # Runs of indentation become single pieces.
-        split_digits=True,
-        user_defined_symbols=["\n", "\t"],  # Training sees lines; the newline needs its own id.
-        pad_id=0,  # seqio / T5 conventions: 0 = pad, 1 = EOS, 2 = UNK, no BOS.
-        eos_id=1,
-        unk_id=2,
-        bos_id=-1,
-        num_threads=1,  # Determinism.
-        shuffle_input_sentence=False,
-        input_sentence_size=0,
-        max_sentence_length=1 << 14,
-        minloglevel=2,
-    )
-
-
-def _training_lines(texts: Sequence[str], max_lines: int) -> list[str]:
-    """Non-blank lines of `texts`, evenly subsampled (deterministically) to at most max_lines."""
-    lines = [line for text in texts for line in text.split("\n") if line.strip()]
-    if len(lines) > max_lines:
-        lines = [lines[i] for i in np.linspace(0, len(lines) - 1, max_lines).astype(int)]
-    return lines
-
-
-def train_sentencepiece(
-    texts: Sequence[str],
-    cache_dir: str | os.PathLike | None = None,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
-) -> pathlib.Path:
-    """Trains (or finds cached) a SentencePiece model on `texts`.
-
-    The file name is a SHA-256 of the training lines, the options and the sentencepiece version,
-    so a model is trained once per distinct input and reused afterwards.
-
-    Args:
-      texts: training documents; newlines inside them are kept as the `\\n` user symbol.
-      cache_dir: where models are cached; defaults to `default_cache_dir()`.
-      vocab_size: number of pieces, including pad/EOS/UNK, the 256 byte pieces and user symbols.
-
-    Returns:
-      Path of the `.model` file.
-    """
-    lines = _training_lines(texts, _SPM_MAX_LINES)
-    options = _spm_options(vocab_size)
-    digest = hashlib.sha256(repr((sorted(options.items()), spm.__version__)).encode())
-    for line in lines:
-        digest.update(line.encode("utf-8", "surrogatepass") + b"\0")
-    cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = cache / f"spm_{vocab_size}_{digest.hexdigest()[:20]}.model"
-    if path.is_file():
-        return path
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, **options)
-    cache.mkdir(parents=True, exist_ok=True)
-    # Write then rename, so a concurrent reader never sees a half-written model.
-    with tempfile.NamedTemporaryFile(dir=cache, suffix=".tmp", delete=False) as f:
-        f.write(model.getvalue())
-    os.replace(f.name, path)
-    return path
-
-
-def get_vocabulary(
-    name: str = "sentencepiece",
-    *,
-    cache_dir: str | os.PathLike | None = None,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
-    max_files: int | None = None,
-) -> seqio.Vocabulary:
-    """Returns a named vocabulary.
-
-    Args:
-      name: 'sentencepiece' (trained on the stdlib_code train split) or 'byte' (UTF-8 bytes).
-      cache_dir: SentencePiece model cache; defaults to `default_cache_dir()`.
-      vocab_size: SentencePiece vocabulary size.
-      max_files: train on the code corpus of the first `max_files` stdlib files only (tests).
-
-    Raises:
-      ValueError: for an unknown name.
-    """
-    if name == "byte":
-        return seqio.ByteVocabulary()
-    if name != "sentencepiece":
-        raise ValueError(f"Unknown vocabulary {name!r}; valid names: {VOCABULARY_NAMES}")
-    texts = corpus.code_training_text(corpus.build_code_corpus(max_files=max_files))
-    path = train_sentencepiece(texts, cache_dir=cache_dir, vocab_size=vocab_size)
-    return seqio.SentencePieceVocabulary(str(path))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -411,131 +293,3 @@ def register_tasks(
     for name, spec in TFDS_TASKS.items():
         names.append(register_tfds_task(name, spec, vocabulary, tfds_data_dir, inputs_eos))
     return names
-
-
-# ----------------------------------------------------------------------------------------------
-# Fixed-shape prompt batches.
-
-
-def _split_example(
-    ex: Mapping[str, np.ndarray], lm_prompt_tokens: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(prompt ids, completion ids); a targets-only example lends its first tokens as prompt."""
-    if "inputs" in ex:
-        return ex["inputs"], ex["targets"]
-    targets = ex["targets"]
-    k = min(lm_prompt_tokens, max(len(targets) - 1, 1))
-    return targets[:k], targets[k:]
-
-
-def _epoch_seed(seed: int, epoch: int) -> int:
-    """A distinct, stable tf.data shuffle seed per (seed, epoch)."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{epoch}".encode()).digest()[:4], "big") >> 1
-
-
-class _BatchBuilder:
-    """Accumulates examples into fixed-shape numpy arrays."""
-
-    def __init__(self, batch_size: int, prompt_length: int, completion_length: int):
-        self.shape = (batch_size, prompt_length, completion_length)
-        self.reset()
-
-    def reset(self) -> None:
-        b, p, n = self.shape
-        self.prompt = np.zeros((b, p), np.int32)
-        self.completion = np.zeros((b, n), np.int32)
-        self.prompt_len = np.zeros((b,), np.int32)
-        self.completion_len = np.zeros((b,), np.int32)
-        self.rows = 0
-
-    def add(self, prompt: np.ndarray, completion: np.ndarray) -> None:
-        _, p, n = self.shape
-        prompt = prompt[len(prompt) - p :] if len(prompt) > p else prompt  # Keep the prompt's end.
-        completion = completion[:n]
-        self.prompt[self.rows, : len(prompt)] = prompt
-        self.completion[self.rows, : len(completion)] = completion
-        self.prompt_len[self.rows], self.completion_len[self.rows] = len(prompt), len(completion)
-        self.rows += 1
-
-    def full(self) -> bool:
-        return self.rows == self.shape[0]
-
-    def pop(self) -> dict[str, np.ndarray]:
-        batch = {
-            "prompt_tokens": self.prompt,  # [B, P] int32, right-padded with 0.
-            "prompt_lengths": self.prompt_len,  # [B] int32.
-            "completion_tokens": self.completion,  # [B, N] int32, right-padded with 0.
-            "completion_lengths": self.completion_len,  # [B] int32.
-            "valid": np.arange(self.shape[0]) < self.rows,  # [B] bool; False = padding row.
-        }
-        self.reset()
-        return batch
-
-
-def _tokenized_dataset(task: seqio.Task, split: str, seed: int) -> tf.data.Dataset:
-    """The task's tokenized split in source order (shuffling happens per epoch, seeded)."""
-    return task.get_dataset(
-        sequence_length=None, split=split, shuffle=False, seed=seed, use_cached=False
-    )
-
-
-def prompt_batches(
-    task_name: str,
-    split: str,
-    batch_size: int,
-    prompt_length: int,
-    completion_length: int,
-    *,
-    seed: int = 0,
-    shuffle: bool = True,
-    num_epochs: int | None = 1,
-    drop_remainder: bool = False,
-    shuffle_buffer: int = 10_000,
-    lm_prompt_tokens: int = 8,
-) -> Iterator[dict[str, np.ndarray]]:
-    """Yields fixed-shape numpy batches of prompts and reference completions.
-
-    Prompts longer than `prompt_length` are truncated from the LEFT, keeping the tokens nearest
-    the completion; completions are truncated from the right. For a targets-only (language
-    modelling) task the first `lm_prompt_tokens` tokens of each text are the prompt.
-
-    Args:
-      task_name: a registered seqio task.
-      split: one of the task's splits.
-      batch_size: B.
-      prompt_length: P.
-      completion_length: N.
-      seed: fixes the example order (same seed, same batches).
-      shuffle: shuffle examples (buffer `shuffle_buffer`), reshuffled per epoch.
-      num_epochs: passes over the split; None = forever.
-      drop_remainder: drop a final partial batch instead of padding it with invalid rows.
-      shuffle_buffer: tf.data shuffle buffer size.
-      lm_prompt_tokens: prompt size for targets-only tasks.
-
-    Yields:
-      {'prompt_tokens': [B, P] int32, 'prompt_lengths': [B] int32,
-       'completion_tokens': [B, N] int32, 'completion_lengths': [B] int32, 'valid': [B] bool}.
-
-    Raises:
-      ValueError: unknown split, or a split with no examples (raised on the first `next`).
-    """
-    task = seqio.get_mixture_or_task(task_name)
-    if split not in task.splits:
-        raise ValueError(f"Task {task_name!r} has no split {split!r}; splits: {task.splits}")
-    builder = _BatchBuilder(batch_size, prompt_length, completion_length)
-    epoch = 0
-    while num_epochs is None or epoch < num_epochs:
-        ds = _tokenized_dataset(task, split, seed)
-        if shuffle:
-            ds = ds.shuffle(shuffle_buffer, seed=_epoch_seed(seed, epoch))
-        seen = 0
-        for ex in ds.as_numpy_iterator():
-            builder.add(*_split_example(ex, lm_prompt_tokens))
-            seen += 1
-            if builder.full():
-                yield builder.pop()
-        if seen == 0:
-            raise ValueError(f"Task {task_name!r} split {split!r} has no examples")
-        epoch += 1
-    if builder.rows and not drop_remainder:
-        yield builder.pop()

@@ -35,16 +35,14 @@ def main() -> None:
         flags = [f"--gin_file={quickstart.GIN_FILE}"] + overrides
         flags.append(f"--gin.distill/LossConfig.divergence='{divergence}'")
         gin_setup.parse_command_line(flags, "train")
-        with gin_setup.scope("distill"):
-            model_dir = os.path.join(args.output_dir, divergence)
-            gin_setup.run_function("train")(
-                model_dir=model_dir, teacher_checkpoint=target, student_checkpoint=draft
-            )
-        drafts[divergence] = os.path.join(model_dir, "export")
-    with gin_setup.scope("evaluate"):
-        gin_setup.run_function("evaluate")(
-            output_dir=args.output_dir, target_checkpoint=target, drafts=drafts, gammas=[5]
+        model_dir = os.path.join(args.output_dir, divergence)
+        gin_setup.scoped_run("distill", "train")(
+            model_dir=model_dir, teacher_checkpoint=target, student_checkpoint=draft
         )
+        drafts[divergence] = os.path.join(model_dir, "export")
+    gin_setup.scoped_run("evaluate", "evaluate")(
+        output_dir=args.output_dir, target_checkpoint=target, drafts=drafts, gammas=[5]
+    )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from distillspec.benchmarks.speculative import step_timer
 from distillspec.decoding import generate, speculative_generate
+from distillspec.evaluation.timing import step_timer
 from distillspec.models import from_pretrained
 
 

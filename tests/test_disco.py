@@ -9,10 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec import disco, evaluate, lookahead
+from distillspec import lookahead
 from distillspec.decoding import generate
+from distillspec.disco import classifier, storage
+from distillspec.disco import features as disco_features
+from distillspec.evaluation.policies import resolve_policies
 from distillspec.lookahead import Lookahead
 from distillspec.models.t5 import T5LM, T5Config
+from distillspec.runs.disco import disco as run_disco
+from distillspec.runs.evaluate import evaluate as run_evaluate
 from tests.test_utils import perturbed, ragged_prompts, tiny_lm
 
 VOCAB = 32
@@ -35,17 +40,17 @@ def prompts():
 @pytest.fixture(scope="module")
 def noisy_examples(models, prompts):
     model, params, noisy = models
-    return disco.extract_features(
+    return disco_features.extract_features(
         model, params, model, noisy, [prompts], max_new_tokens=MAX_NEW, eos_id=None, top_k=TOP_K
     )
 
 
-def _examples(y, sequence=None, position=None, x=None) -> disco.Examples:
+def _examples(y, sequence=None, position=None, x=None) -> disco_features.Examples:
     y = np.asarray(y, np.int32)
     sequence = np.zeros_like(y) if sequence is None else np.asarray(sequence, np.int32)
     position = np.arange(len(y), dtype=np.int32) if position is None else position
     x = np.zeros((len(y), 3), np.float32) if x is None else x
-    return disco.Examples(x, y, sequence, np.asarray(position, np.int32))
+    return disco_features.Examples(x, y, sequence, np.asarray(position, np.int32))
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,7 +121,7 @@ def test_extract_features_encoder_decoder(prompts):
     noisy = perturbed(params, 0.3, seed=4)
     tokens, lengths = prompts["prompt_tokens"], prompts["prompt_lengths"]
     batch = {"prompt_tokens": tokens, "prompt_lengths": lengths}
-    ex = disco.extract_features(
+    ex = disco_features.extract_features(
         model, params, model, noisy, [batch], max_new_tokens=MAX_NEW, eos_id=None, top_k=TOP_K
     )
     plain = generate(model, params, tokens, lengths, max_new_tokens=MAX_NEW)
@@ -132,7 +137,7 @@ def test_extract_features_encoder_decoder(prompts):
 
 def test_identical_draft_is_always_accepted(models, prompts):
     model, params, _ = models
-    ex = disco.extract_features(
+    ex = disco_features.extract_features(
         model, params, model, params, [prompts], max_new_tokens=MAX_NEW, eos_id=None, top_k=TOP_K
     )
     assert len(ex) == 4 * MAX_NEW
@@ -149,7 +154,7 @@ def test_invalid_rows_are_excluded(models, prompts, noisy_examples):
         "valid": valid,
     }
     empty = {**padded, "valid": np.zeros(4, bool)}
-    ex = disco.extract_features(
+    ex = disco_features.extract_features(
         model, params, model, noisy, [padded, empty, padded], max_new_tokens=MAX_NEW,
         eos_id=None, top_k=TOP_K,
     )  # fmt: skip
@@ -170,7 +175,7 @@ def test_eos_ends_the_examples_of_a_row(models, prompts, noisy_examples):
         model, params, prompts["prompt_tokens"], prompts["prompt_lengths"], max_new_tokens=MAX_NEW
     )
     eos = int(plain.tokens[0, 2])
-    ex = disco.extract_features(
+    ex = disco_features.extract_features(
         model, params, model, noisy, [prompts], max_new_tokens=MAX_NEW, eos_id=eos, top_k=TOP_K
     )
     mine = ex.sequence == 0
@@ -180,7 +185,7 @@ def test_eos_ends_the_examples_of_a_row(models, prompts, noisy_examples):
 
 def test_extract_features_rejects_bad_inputs(models, prompts):
     model, params, noisy = models
-    call = lambda batches, **kw: disco.extract_features(
+    call = lambda batches, **kw: disco_features.extract_features(
         model, params, model, noisy, batches, **{"max_new_tokens": MAX_NEW, "eos_id": None, **kw}
     )
     with pytest.raises(ValueError, match=r"top_k must be an integer in \[1, vocab_size=32\]"):
@@ -202,7 +207,7 @@ def test_extract_features_rejects_bad_inputs(models, prompts):
 # --------------------------------------------------------------------------------------------
 
 
-def _synthetic(seed: int, num_sequences: int = 40, length: int = 50) -> disco.Examples:
+def _synthetic(seed: int, num_sequences: int = 40, length: int = 50) -> disco_features.Examples:
     """Features of random draft distributions; accepted iff the top-1 probability > 0.5."""
     rng = np.random.default_rng(seed)
     m = num_sequences * length
@@ -212,13 +217,13 @@ def _synthetic(seed: int, num_sequences: int = 40, length: int = 50) -> disco.Ex
     x = np.asarray(lookahead.features(jnp.asarray(logits), jnp.asarray(position), 4, 16))
     y = (x[:, 0] > 0.5).astype(np.int32)
     sequence = np.repeat(np.arange(num_sequences), length)
-    return disco.Examples(x.astype(np.float32), y, sequence.astype(np.int32), position)
+    return disco_features.Examples(x.astype(np.float32), y, sequence.astype(np.int32), position)
 
 
 @pytest.fixture(scope="module")
 def synthetic_run():
     train, test = _synthetic(0), _synthetic(1)
-    variables = disco.train_classifier(train, steps=300, batch_size=256, seed=0)
+    variables = classifier.train_classifier(train, steps=300, batch_size=256, seed=0)
     return train, test, variables
 
 
@@ -229,20 +234,20 @@ def test_classifier_learns_a_separable_rule_and_beats_static_sl(synthetic_run):
     assert variables["params"]["hidden"]["kernel"].shape == (6, 32)
     np.testing.assert_allclose(variables["norm"]["mean"], train.x.mean(0), rtol=1e-5)
     np.testing.assert_allclose(variables["norm"]["std"], train.x.std(0), rtol=1e-5)
-    f1 = disco.classifier_f1(variables, test)
-    k, static = disco.best_static_sl(test)
+    f1 = classifier.classifier_f1(variables, test)
+    k, static = classifier.best_static_sl(test)
     assert f1 > 0.9
     assert f1 > static + 0.05, (f1, k, static)
     # The threshold is where the decoder stops: 0 keeps every token, 1 (nearly) none.
-    assert disco.classifier_f1(variables, test, threshold=0.0) == pytest.approx(
-        disco.f1_score(np.ones(len(test)), test.y)
+    assert classifier.classifier_f1(variables, test, threshold=0.0) == pytest.approx(
+        classifier.f1_score(np.ones(len(test)), test.y)
     )
 
 
 def test_training_is_deterministic(synthetic_run):
     train, test, variables = synthetic_run
-    again = disco.train_classifier(train, steps=300, batch_size=256, seed=0)
-    other = disco.train_classifier(train, steps=300, batch_size=256, seed=1)
+    again = classifier.train_classifier(train, steps=300, batch_size=256, seed=0)
+    other = classifier.train_classifier(train, steps=300, batch_size=256, seed=1)
     same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), variables, again)
     assert all(jax.tree.leaves(same))
     differs = jax.tree.map(lambda a, b: not np.array_equal(a, b), variables, other)
@@ -251,49 +256,49 @@ def test_training_is_deterministic(synthetic_run):
 
 def test_constant_feature_std_is_floored():
     ex = _examples([0, 1, 0, 1])  # x is all zeros: every feature is constant.
-    variables = disco.train_classifier(ex, steps=2, batch_size=4)
+    variables = classifier.train_classifier(ex, steps=2, batch_size=4)
     np.testing.assert_array_equal(variables["norm"]["std"], np.full(3, 1e-6, np.float32))
-    assert np.all(np.isfinite(disco.classifier_confidences(variables, ex)))
+    assert np.all(np.isfinite(classifier.classifier_confidences(variables, ex)))
 
 
 def test_train_classifier_rejects_bad_inputs(synthetic_run):
     train, *_ = synthetic_run
     with pytest.raises(ValueError, match="every training label is 1"):
-        disco.train_classifier(_examples([1, 1, 1]))
+        classifier.train_classifier(_examples([1, 1, 1]))
     with pytest.raises(ValueError, match="every training label is 0"):
-        disco.train_classifier(_examples([0, 0]))
+        classifier.train_classifier(_examples([0, 0]))
     with pytest.raises(ValueError, match="examples is empty"):
-        disco.train_classifier(_examples([]))
+        classifier.train_classifier(_examples([]))
     with pytest.raises(ValueError, match="labels must be 0 or 1"):
-        disco.train_classifier(_examples([0, 2]))
+        classifier.train_classifier(_examples([0, 2]))
     with pytest.raises(ValueError, match="hidden must be an integer >= 1, got 0"):
-        disco.train_classifier(train, hidden=0)
+        classifier.train_classifier(train, hidden=0)
     with pytest.raises(ValueError, match="steps must be an integer >= 1, got 0"):
-        disco.train_classifier(train, steps=0)
+        classifier.train_classifier(train, steps=0)
     with pytest.raises(ValueError, match="learning_rate must be > 0"):
-        disco.train_classifier(train, learning_rate=0.0)
+        classifier.train_classifier(train, learning_rate=0.0)
     with pytest.raises(ValueError, match="Examples needs x"):
-        disco.Examples(np.zeros((3, 4)), np.zeros(2), np.zeros(2), np.zeros(2))
+        disco_features.Examples(np.zeros((3, 4)), np.zeros(2), np.zeros(2), np.zeros(2))
 
 
 def test_f1_score_by_hand():
     # TP = 2, FP = 1, FN = 1: 2 * 2 / (4 + 1 + 1).
-    assert disco.f1_score([1, 1, 1, 0, 0], [1, 1, 0, 1, 0]) == pytest.approx(4 / 6)
-    assert disco.f1_score([1, 0], [1, 0]) == 1.0
-    assert disco.f1_score([0, 0], [1, 1]) == 0.0
-    assert disco.f1_score([0, 0], [0, 0]) == 0.0  # Undefined: scikit-learn's 0.
+    assert classifier.f1_score([1, 1, 1, 0, 0], [1, 1, 0, 1, 0]) == pytest.approx(4 / 6)
+    assert classifier.f1_score([1, 0], [1, 0]) == 1.0
+    assert classifier.f1_score([0, 0], [1, 1]) == 0.0
+    assert classifier.f1_score([0, 0], [0, 0]) == 0.0  # Undefined: scikit-learn's 0.
     with pytest.raises(ValueError, match="one shape"):
-        disco.f1_score([1, 0], [1])
+        classifier.f1_score([1, 0], [1])
     with pytest.raises(ValueError, match="only 0/1"):
-        disco.f1_score([1, 2], [1, 0])
+        classifier.f1_score([1, 2], [1, 0])
 
 
 def test_classifier_f1_checks_width_and_threshold(synthetic_run):
     _, _, variables = synthetic_run
     with pytest.raises(ValueError, match="top_k=4 but the examples have top_k=1"):
-        disco.classifier_f1(variables, _examples([0, 1]))
+        classifier.classifier_f1(variables, _examples([0, 1]))
     with pytest.raises(ValueError, match="threshold must be in"):
-        disco.classifier_f1(variables, _examples([0, 1]), threshold=1.5)
+        classifier.classifier_f1(variables, _examples([0, 1]), threshold=1.5)
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,7 +309,7 @@ def test_classifier_f1_checks_width_and_threshold(synthetic_run):
 def test_in_round_index_by_hand():
     y = [1, 1, 0, 1, 0, 0, 1, 1]
     #   rounds: [1 1 0] [1 0] [0] [1 1
-    np.testing.assert_array_equal(disco.in_round_index(_examples(y)), [0, 1, 2, 0, 1, 0, 0, 1])
+    np.testing.assert_array_equal(classifier.in_round_index(_examples(y)), [0, 1, 2, 0, 1, 0, 0, 1])
     # Two sequences, stored shuffled: each starts a round, and the order is by position.
     seq = [0, 0, 0, 1, 1, 1, 1]
     pos = [0, 1, 2, 0, 1, 2, 3]
@@ -312,27 +317,27 @@ def test_in_round_index_by_hand():
     perm = np.array([4, 0, 6, 2, 1, 5, 3])
     ex = _examples(np.take(lab, perm), np.take(seq, perm), np.take(pos, perm))
     expected = np.array([0, 1, 2, 0, 0, 1, 2])[perm]
-    np.testing.assert_array_equal(disco.in_round_index(ex), expected)
+    np.testing.assert_array_equal(classifier.in_round_index(ex), expected)
     with pytest.raises(ValueError, match="same \\(sequence, position\\)"):
-        disco.in_round_index(_examples([1, 0], position=[3, 3]))
+        classifier.in_round_index(_examples([1, 0], position=[3, 3]))
 
 
 def test_static_sl_f1_by_hand():
     ex = _examples([1, 1, 0, 1, 0, 0, 1, 1])  # in-round index 0 1 2 0 1 0 0 1.
     # SL-1 predicts 1 0 0 1 0 1 1 0: TP = 3 (0, 3, 6), FP = 1 (5), FN = 2 (1, 7) -> 6 / 9.
-    assert disco.static_sl_f1(ex, 1) == pytest.approx(6 / 9)
+    assert classifier.static_sl_f1(ex, 1) == pytest.approx(6 / 9)
     # SL-2 predicts 1 1 0 1 1 1 1 1: TP = 5, FP = 2 (4, 5), FN = 0 -> 10 / 12.
-    assert disco.static_sl_f1(ex, 2) == pytest.approx(10 / 12)
+    assert classifier.static_sl_f1(ex, 2) == pytest.approx(10 / 12)
     # SL-3 predicts everything accepted: TP = 5, FP = 3 -> 10 / 13.
-    assert disco.static_sl_f1(ex, 3) == pytest.approx(10 / 13)
-    assert disco.best_static_sl(ex) == (2, pytest.approx(10 / 12))
-    assert disco.best_static_sl(ex, ks=[3, 1]) == (3, pytest.approx(10 / 13))
+    assert classifier.static_sl_f1(ex, 3) == pytest.approx(10 / 13)
+    assert classifier.best_static_sl(ex) == (2, pytest.approx(10 / 12))
+    assert classifier.best_static_sl(ex, ks=[3, 1]) == (3, pytest.approx(10 / 13))
     # Ties go to the smallest k: every k >= 3 predicts all three tokens of 1 1 1 correctly.
-    assert disco.best_static_sl(_examples([1, 1, 1])) == (3, 1.0)
+    assert classifier.best_static_sl(_examples([1, 1, 1])) == (3, 1.0)
     with pytest.raises(ValueError, match="k must be an integer >= 1, got 0"):
-        disco.static_sl_f1(ex, 0)
+        classifier.static_sl_f1(ex, 0)
     with pytest.raises(ValueError, match="ks is empty"):
-        disco.best_static_sl(ex, ks=[])
+        classifier.best_static_sl(ex, ks=[])
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,51 +347,52 @@ def test_static_sl_f1_by_hand():
 
 def test_fingerprint_tracks_weights_and_vocabulary(models):
     model, params, noisy = models
-    base = disco.fingerprint(model, params, VOCAB)
-    assert base == disco.fingerprint(model, jax.tree.map(np.array, params), VOCAB)
-    assert base == disco.fingerprint(model, params, None)  # None: the model's vocab_size.
+    base = storage.fingerprint(model, params, VOCAB)
+    assert base == storage.fingerprint(model, jax.tree.map(np.array, params), VOCAB)
+    assert base == storage.fingerprint(model, params, None)  # None: the model's vocab_size.
     assert len(base) == 64 and int(base, 16) >= 0
     leaves, treedef = jax.tree.flatten(params)
     changed = [np.array(x) for x in leaves]
     changed[-1].flat[0] += 1e-3
-    assert disco.fingerprint(model, jax.tree.unflatten(treedef, changed), VOCAB) != base
-    assert disco.fingerprint(model, noisy, VOCAB) != base
-    assert disco.fingerprint(model, params, VOCAB - 2) != base
+    assert storage.fingerprint(model, jax.tree.unflatten(treedef, changed), VOCAB) != base
+    assert storage.fingerprint(model, noisy, VOCAB) != base
+    assert storage.fingerprint(model, params, VOCAB - 2) != base
 
 
 def test_save_load_round_trip(tmp_path, models, synthetic_run):
     model, params, noisy = models
     _, test, variables = synthetic_run
-    directory = disco.classifier_dir(str(tmp_path / "draft"))
+    directory = storage.classifier_dir(str(tmp_path / "draft"))
     assert directory == str(tmp_path / "draft" / "disco")
-    metadata = {"fingerprint": disco.fingerprint(model, noisy, VOCAB), "vocab_size": VOCAB}
-    disco.save_classifier(directory, variables, {**metadata, "threshold": 0.4, "f1": 0.9})
-    loaded, meta = disco.load_classifier(directory, model, noisy, vocab_size=VOCAB)
+    metadata = {"fingerprint": storage.fingerprint(model, noisy, VOCAB), "vocab_size": VOCAB}
+    storage.save_classifier(directory, variables, {**metadata, "threshold": 0.4, "f1": 0.9})
+    loaded, meta = storage.load_classifier(directory, model, noisy, vocab_size=VOCAB)
     assert meta == {**metadata, "threshold": 0.4, "f1": 0.9, "top_k": 4, "hidden": 32}
     np.testing.assert_array_equal(
-        disco.classifier_confidences(loaded, test), disco.classifier_confidences(variables, test)
+        classifier.classifier_confidences(loaded, test),
+        classifier.classifier_confidences(variables, test),
     )
     assert sorted(p.name for p in (tmp_path / "draft" / "disco").iterdir()) == [
         "classifier.json",
         "classifier.safetensors",
     ]  # No temporary files left behind.
-    loaded, _ = disco.load_classifier(directory)  # No draft: no fingerprint check.
+    loaded, _ = storage.load_classifier(directory)  # No draft: no fingerprint check.
     with pytest.raises(ValueError, match="fingerprint"):
-        disco.load_classifier(directory, model, params)
+        storage.load_classifier(directory, model, params)
     with pytest.raises(ValueError, match="vocab_size=32.*vocab_size=30"):
-        disco.load_classifier(directory, model, noisy, vocab_size=30)
+        storage.load_classifier(directory, model, noisy, vocab_size=30)
     with pytest.raises(ValueError, match="both draft and draft_params"):
-        disco.load_classifier(directory, model)
+        storage.load_classifier(directory, model)
 
 
 def test_load_missing_and_save_bad_metadata(tmp_path, synthetic_run):
     _, _, variables = synthetic_run
     with pytest.raises(FileNotFoundError, match="python -m distillspec.disco"):
-        disco.load_classifier(str(tmp_path / "nothing"))
+        storage.load_classifier(str(tmp_path / "nothing"))
     with pytest.raises(ValueError, match="metadata lacks 'fingerprint'"):
-        disco.save_classifier(str(tmp_path), variables, {"vocab_size": VOCAB})
+        storage.save_classifier(str(tmp_path), variables, {"vocab_size": VOCAB})
     with pytest.raises(ValueError, match="metadata\\['top_k'\\]=3 but the variables have"):
-        disco.save_classifier(
+        storage.save_classifier(
             str(tmp_path), variables, {"fingerprint": "x", "vocab_size": VOCAB, "top_k": 3}
         )
     assert list(tmp_path.iterdir()) == []
@@ -418,7 +424,7 @@ def _run(tmp_path, **overrides):
         keep_last_grid=(True,), oracle_sl_max=8, vocabulary="byte",
     )  # fmt: skip
     kwargs.update(overrides)
-    return disco.disco(**kwargs)
+    return run_disco(**kwargs)
 
 
 def test_disco_run_end_to_end(tmp_path, capsys):
@@ -432,7 +438,7 @@ def test_disco_run_end_to_end(tmp_path, capsys):
     assert all(r["exact"] for r in records)  # Identical to the target's greedy output.
     assert all(r["num_prompts"] == 3 and r["task"] == "stdlib_code" for r in records)
     by = {r["policy"]: r for r in records}
-    variables, metadata = disco.load_classifier(str(tmp_path / "draft" / "disco"))
+    variables, metadata = storage.load_classifier(str(tmp_path / "draft" / "disco"))
     assert by["static-opt"]["sl_max"] == metadata["tuning"]["static_opt"] in (1, 2)
     assert all(r["modeled_latency_ms"] > 0 for r in records)
     modeled = metadata["tuning"]["modeled_latency_ms"]  # The tuning picks the modeled optimum.
@@ -447,7 +453,7 @@ def test_disco_run_end_to_end(tmp_path, capsys):
     assert (out / "disco_table.md").exists() and (out / "oracle_sl_hist.png").exists()
     assert "F1 DISCO" in (out / "disco_f1.md").read_text()
     # distillspec.evaluate's policy axis reads the saved classifier and tuning.
-    again = evaluate.evaluate(
+    again = run_evaluate(
         str(tmp_path / "eval"), str(tmp_path / "target"), {"standard": str(tmp_path / "draft")},
         eval_sets=[("stdlib_code", "test")], task_feature_lengths={"inputs": 16, "targets": 8},
         num_prompts=2, gammas=(), policies=["static-opt", "disco", "oracle"], oracle_sl_max=8,
@@ -475,6 +481,9 @@ def test_disco_run_end_to_end(tmp_path, capsys):
         (dict(threshold_grid=(1.5,)), r"threshold_grid must hold thresholds in \[0, 1\]"),
         (dict(oracle_sl_max=0), "SL_max"),
         (dict(drafts={}), "at least one draft"),
+        # Classifier settings fail before any model is loaded or feature extracted.
+        (dict(hidden=0, target_checkpoint="/nonexistent"), "hidden must be an integer >= 1"),
+        (dict(learning_rate=0.0, target_checkpoint="/nonexistent"), "learning_rate must be > 0"),
     ],
 )
 def test_disco_run_bad_arguments(tmp_path, override, message):
@@ -489,15 +498,15 @@ def test_resolve_policies():
         "disco": {"threshold": 0.4, "sl_max": 4, "keep_last": False},
     }
     names = ["target", "static-2", "static-opt", "heuristic", "confidence", "disco", "oracle"]
-    got = evaluate.resolve_policies(names, tuning, heuristic_sl_max=6, heuristic_start=9)
+    got = resolve_policies(names, tuning, heuristic_sl_max=6, heuristic_start=9)
     assert list(got) == names[1:]
     assert got["static-opt"] == Lookahead("static", 3)
     assert got["heuristic"] == Lookahead("heuristic", 6, start=6)
     assert got["disco"] == Lookahead("disco", 4, threshold=0.4, keep_last=False)
     assert got["oracle"].sl_max == 64
     with pytest.raises(ValueError, match="unknown lookahead policy 'greedy'"):
-        evaluate.resolve_policies(["greedy"], tuning)
+        resolve_policies(["greedy"], tuning)
     with pytest.raises(ValueError, match="python -m distillspec.disco"):
-        evaluate.resolve_policies(["disco"], None)
+        resolve_policies(["disco"], None)
     with pytest.raises(ValueError, match="SL_max"):
-        evaluate.resolve_policies(["oracle"], oracle_sl_max=0)
+        resolve_policies(["oracle"], oracle_sl_max=0)

@@ -1,22 +1,35 @@
-"""Tests for distillspec.evaluate: records of alpha, tau, tau_theory and speed-up."""
+"""Tests for distillspec.evaluation: records of alpha, tau, tau_theory and speed-up."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import jax
 import numpy as np
 import pytest
 
-from distillspec import evaluate
+from distillspec import datagen, records
+from distillspec.evaluation import drafts as evaluation
+from distillspec.evaluation import timing
+from distillspec.evaluation.drafts import GridConfig
+from distillspec.evaluation.policies import (
+    POLICY_RECORD_KEYS,
+    measure_policies,
+    policy_records,
+)
+from distillspec.feature_converters import single_prompts
 from distillspec.models.decoder_only import DecoderOnlyLM, TransformerConfig
 from distillspec.models.t5 import T5LM, T5Config
+from distillspec.sampling import SamplingConfig
 from tests.test_utils import perturbed, ragged_prompts, tiny_lm
 
 VOCAB = 32
 GAMMAS = (1, 3)
 TEMPERATURES = (0.0, 1.0)
 MAX_NEW = 12  # A multiple of every gamma + 1, so no round is cut short.
+
+GRID_2 = GridConfig(max_new_tokens=2)
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +47,10 @@ def setup():
         },
     ]
     drafts = {"same": (model, params), "noisy": (model, perturbed(params, 0.1, seed=3))}
-    records = evaluate.evaluate_drafts(
-        model, params, drafts, prompts, gammas=GAMMAS, temperatures=TEMPERATURES,
-        max_new_tokens=MAX_NEW, eos_id=None, task="toy", split="validation",
-    )  # fmt: skip
+    grid = GridConfig(gammas=GAMMAS, temperatures=TEMPERATURES, max_new_tokens=MAX_NEW)
+    records = evaluation.evaluate_drafts(
+        model, params, drafts, prompts, grid, eos_id=None, task="toy", split="validation"
+    )
     return model, params, prompts, drafts, records
 
 
@@ -56,7 +69,7 @@ def test_one_record_per_grid_point_with_exact_keys(setup):
     points = {(r["draft"], r["gamma"], r["temperature"]) for r in records}
     assert len(points) == len(records)
     for r in records:
-        assert set(r) == set(evaluate.RECORD_KEYS)
+        assert set(r) == set(evaluation.RECORD_KEYS)
         assert r["num_prompts"] == 6  # 4 + 2 valid rows.
         assert (r["task"], r["split"], r["max_new_tokens"]) == ("toy", "validation", MAX_NEW)
         assert r["speedup"] > 0 and r["tokens_per_s"] > 0 and r["target_tokens_per_s"] > 0
@@ -82,15 +95,15 @@ def test_perturbed_draft_is_sometimes_rejected(setup, temperature):
         assert 0.0 < r["alpha"] < 1.0
         assert 1.0 <= r["tau"] <= gamma + 1
         assert 0.0 < r["mean_tvd"] < 1.0
-        assert r["tau_theory"] == pytest.approx(evaluate.tau_from_tvd(r["mean_tvd"], gamma))
+        assert r["tau_theory"] == pytest.approx(evaluation.tau_from_tvd(r["mean_tvd"], gamma))
 
 
 def test_tau_theory_formula_by_hand():
     # alpha = 1 - 0.25 = 0.75, gamma = 3: 1 + 0.75 + 0.5625 + 0.421875 = 2.734375.
-    assert evaluate.tau_from_tvd(0.25, 3) == pytest.approx(2.734375)
-    assert evaluate.tau_from_tvd(0.0, 5) == 6.0
-    assert evaluate.tau_from_tvd(1.0, 7) == 1.0
-    assert evaluate.tau_from_alpha(0.5, 1) == pytest.approx(1.5)
+    assert evaluation.tau_from_tvd(0.25, 3) == pytest.approx(2.734375)
+    assert evaluation.tau_from_tvd(0.0, 5) == 6.0
+    assert evaluation.tau_from_tvd(1.0, 7) == 1.0
+    assert evaluation.tau_from_alpha(0.5, 1) == pytest.approx(1.5)
 
 
 def test_mean_tvd_greedy_is_argmax_disagreement(setup):
@@ -98,31 +111,30 @@ def test_mean_tvd_greedy_is_argmax_disagreement(setup):
     model, params, prompts, drafts, _ = setup
     noisy = drafts["noisy"][1]
     batch = prompts[0]
-    plain = evaluate._plain_call(
-        model, params, jax.random.PRNGKey(0), evaluate.SamplingConfig(), dict(max_new_tokens=4),
+    plain = evaluation._plain_call(
+        model, params, jax.random.PRNGKey(0), SamplingConfig(), dict(max_new_tokens=4),
         0, batch,
     )  # fmt: skip
-    packed, weights = evaluate.pack_teacher_forcing(
-        batch["prompt_tokens"], batch["prompt_lengths"], plain.tokens, plain.lengths
+    packed, weights = datagen.pack_teacher_forcing(
+        model, batch["prompt_tokens"], batch["prompt_lengths"], plain.tokens, plain.lengths
     )
     target_argmax = np.argmax(model.logits(params, packed), -1)
     draft_argmax = np.argmax(model.logits(noisy, packed), -1)
     expected = np.sum((target_argmax != draft_argmax) * weights) / np.sum(weights)
-    got = evaluate.mean_tvd(
-        model, params, model, noisy, [batch], [plain], evaluate.SamplingConfig()
-    )
+    got = evaluation.mean_tvd(model, params, model, noisy, [batch], [plain], SamplingConfig())
     assert got == pytest.approx(expected)
 
 
 def test_pack_teacher_forcing_layouts():
     prompt = np.array([[5, 6, 7], [8, 0, 0]], np.int32)
     completion = np.array([[1, 2], [3, 0]], np.int32)
-    batch, weights = evaluate.pack_teacher_forcing(prompt, [3, 1], completion, [2, 1])
+    decoder_only, encoder_decoder = (SimpleNamespace(encoder_decoder=e) for e in (False, True))
+    batch, weights = datagen.pack_teacher_forcing(decoder_only, prompt, [3, 1], completion, [2, 1])
     np.testing.assert_array_equal(batch["decoder_input_tokens"], [[5, 6, 7, 1, 2], [8, 3, 0, 0, 0]])
     # Position t predicts token t + 1: the completion tokens are predicted at p-1 .. p+n-2.
     np.testing.assert_array_equal(weights, [[0, 0, 1, 1, 0], [1, 0, 0, 0, 0]])
-    batch, weights = evaluate.pack_teacher_forcing(
-        prompt, [3, 1], completion, [2, 1], encoder_decoder=True
+    batch, weights = datagen.pack_teacher_forcing(
+        encoder_decoder, prompt, [3, 1], completion, [2, 1]
     )
     np.testing.assert_array_equal(batch["encoder_input_tokens"], prompt)
     # T5X's shift-right: the position after a row's end holds its last token (weight 0 there).
@@ -141,14 +153,13 @@ def test_packing_aligns_with_greedy_generation(setup, t5, family):
     """Teacher-forced greedy argmaxes at the weighted positions are the generated tokens."""
     model, params = t5 if family == "t5" else setup[:2]
     batch = setup[2][0]
-    plain = evaluate._plain_call(
-        model, params, jax.random.PRNGKey(0), evaluate.SamplingConfig(), dict(max_new_tokens=4),
+    plain = evaluation._plain_call(
+        model, params, jax.random.PRNGKey(0), SamplingConfig(), dict(max_new_tokens=4),
         0, batch,
     )  # fmt: skip
-    packed, weights = evaluate.pack_teacher_forcing(
-        batch["prompt_tokens"], batch["prompt_lengths"], plain.tokens, plain.lengths,
-        encoder_decoder=evaluate.is_encoder_decoder(model),
-    )  # fmt: skip
+    packed, weights = datagen.pack_teacher_forcing(
+        model, batch["prompt_tokens"], batch["prompt_lengths"], plain.tokens, plain.lengths
+    )
     argmax = np.asarray(np.argmax(model.logits(params, packed), -1))
     predicted = [row[w > 0] for row, w in zip(argmax, weights)]
     expected = [tokens[:n] for tokens, n in zip(plain.tokens, plain.lengths)]
@@ -159,10 +170,8 @@ def test_packing_aligns_with_greedy_generation(setup, t5, family):
 def test_t5_records(setup, t5):
     model, params = t5
     drafts = {"same": (model, params), "noisy": (model, perturbed(params, 0.3, seed=4))}
-    records = evaluate.evaluate_drafts(
-        model, params, drafts, setup[2], gammas=(2,), temperatures=(0.0,), max_new_tokens=4,
-        eos_id=None,
-    )  # fmt: skip
+    grid = GridConfig(gammas=(2,), temperatures=(0.0,), max_new_tokens=4)
+    records = evaluation.evaluate_drafts(model, params, drafts, setup[2], grid, eos_id=None)
     same, noisy = _find(records, "same", 2, 0.0), _find(records, "noisy", 2, 0.0)
     assert same["alpha"] == pytest.approx(1.0) and same["mean_tvd"] == pytest.approx(0.0)
     assert same["tau_theory"] == pytest.approx(3.0)
@@ -170,11 +179,11 @@ def test_t5_records(setup, t5):
 
 
 def test_records_round_trip(tmp_path, setup):
-    *_, records = setup
+    *_, all_records = setup
     path = tmp_path / "new" / "dir" / "records.jsonl"
-    evaluate.append_records(path, records[:2])
-    evaluate.append_records(path, records[2:])
-    assert evaluate.read_records(path) == records
+    records.append_records(path, all_records[:2])
+    records.append_records(path, all_records[2:])
+    assert records.read_jsonl(path) == all_records
 
 
 @pytest.mark.parametrize(
@@ -191,10 +200,11 @@ def test_records_round_trip(tmp_path, setup):
 )
 def test_bad_inputs_fail_before_decoding(setup, change, message):
     model, params, prompts, drafts, _ = setup
-    kwargs = dict(drafts=drafts, prompts=prompts, max_new_tokens=MAX_NEW, eos_id=None)
+    kwargs = dict(drafts=drafts, prompts=prompts, max_new_tokens=MAX_NEW)
     kwargs.update(change)
+    grid = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("drafts", "prompts")}
     with pytest.raises(ValueError, match=message):
-        evaluate.evaluate_drafts(model, params, **kwargs)
+        evaluation.evaluate_drafts(model, params, **kwargs, grid=GridConfig(**grid), eos_id=None)
 
 
 def test_vocabulary_mismatch_fails_before_decoding(setup):
@@ -203,7 +213,7 @@ def test_vocabulary_mismatch_fails_before_decoding(setup):
                                             num_kv_heads=1, head_dim=8, mlp_dim=8))  # fmt: skip
     bad = {**drafts, "small": (small, None)}  # Never initialised: the check comes first.
     with pytest.raises(ValueError, match="small.*vocab"):
-        evaluate.evaluate_drafts(model, params, bad, prompts, max_new_tokens=2, eos_id=None)
+        evaluation.evaluate_drafts(model, params, bad, prompts, GRID_2, eos_id=None)
 
 
 def test_timing_interleaves_and_excludes_warmup():
@@ -212,7 +222,7 @@ def test_timing_interleaves_and_excludes_warmup():
     spec = lambda i, b: calls.append(("spec", i)) or f"s{i}"
     shape = {"prompt_tokens": np.zeros((2, 3))}
     batches = [shape, shape, {"prompt_tokens": np.zeros((2, 5))}]
-    plain_out, spec_out, t_plain, t_spec = evaluate._measure(plain, spec, batches, 2)
+    plain_out, spec_out, t_plain, t_spec = evaluation._measure(plain, spec, batches, 2)
     pair = lambda i: [("plain", i), ("spec", i)]
     # One warm-up pair per distinct shape, then timing_repeats interleaved pairs per batch.
     assert calls == pair(0) * 3 + pair(1) * 2 + pair(2) * 3
@@ -224,14 +234,14 @@ def test_all_rows_invalid_is_an_error(setup):
     model, params, prompts, drafts, _ = setup
     empty = dict(prompts[1], valid=np.zeros(4, bool))
     with pytest.raises(ValueError, match="no valid rows"):
-        evaluate.evaluate_drafts(model, params, drafts, [empty], max_new_tokens=2, eos_id=None)
+        evaluation.evaluate_drafts(model, params, drafts, [empty], GRID_2, eos_id=None)
 
 
 def test_policy_latency_records(setup):
     from distillspec.lookahead import Lookahead
 
     model, params, prompts, drafts, _ = setup
-    singles = evaluate.single_prompts(prompts)
+    singles = single_prompts(prompts)
     assert len(singles) == 6 and all(t.shape == (1, 5) for t, _ in singles)  # Valid rows only.
     policies = {
         "static-1": Lookahead("static", 1),
@@ -240,20 +250,18 @@ def test_policy_latency_records(setup):
         "confidence": Lookahead("confidence", 4, threshold=0.3),
         "oracle": Lookahead("oracle", 8),
     }
-    measured = evaluate.measure_policies(
+    measured = measure_policies(
         model, params, *drafts["noisy"], singles, policies, max_new_tokens=MAX_NEW, eos_id=None
     )
-    records = evaluate.policy_records(
-        measured, draft="noisy", task="toy", split="test", max_new_tokens=MAX_NEW
-    )
-    assert [r["policy"] for r in records] == ["target", *policies]
-    for r in records:
-        assert tuple(r) == evaluate.POLICY_RECORD_KEYS
+    made = policy_records(measured, draft="noisy", task="toy", split="test", max_new_tokens=MAX_NEW)
+    assert [r["policy"] for r in made] == ["target", *policies]
+    for r in made:
+        assert tuple(r) == POLICY_RECORD_KEYS
         assert r["exact"] and r["num_prompts"] == 6 and r["tokens"] == 6 * MAX_NEW
         assert sum(r["sl_histogram"]) == r["target_calls"]
         assert r["speedup"] == pytest.approx(r["target_latency_ms"] / r["latency_ms"])
         assert r["latency_ms"] > 0
-    by_name = {r["policy"]: r for r in records}
+    by_name = {r["policy"]: r for r in made}
     assert by_name["target"]["mean_sl"] == 0 and by_name["target"]["tau"] == 1
     assert by_name["target"]["speedup"] == pytest.approx(1.0)
     assert by_name["static-3"]["mean_sl"] == 3 and by_name["static-3"]["sl_histogram"][3] > 0
@@ -261,7 +269,7 @@ def test_policy_latency_records(setup):
     assert by_name["oracle"]["target_calls"] <= by_name["static-3"]["target_calls"]
     assert by_name["confidence"]["threshold"] == 0.3 and by_name["static-1"]["threshold"] is None
     with pytest.raises(ValueError, match="'target'"):
-        evaluate.measure_policies(
+        measure_policies(
             model, params, *drafts["noisy"], singles, {"target": Lookahead()},
             max_new_tokens=MAX_NEW, eos_id=None,
         )  # fmt: skip
@@ -272,11 +280,11 @@ def test_modeled_latency_by_hand():
 
     costs = {"target": {1: 1.0, 2: 1.5, 4: 2.5, 6: 3.5}, "draft": {1: 0.1, 2: 0.2}, "round": 0.3}
     # Plain decoding: 10 rounds of one target step each.
-    assert evaluate.modeled_latency_ms(None, [10], 0, 10, costs) == pytest.approx(1.3)
+    assert timing.modeled_latency_ms(None, [10], 0, 10, costs) == pytest.approx(1.3)
     # Static SL-5: every round verifies 6 positions; 2 rounds, 10 draft calls, 8 tokens.
-    static = evaluate.modeled_latency_ms(Lookahead("static", 5), [0] * 5 + [2], 10, 8, costs)
+    static = timing.modeled_latency_ms(Lookahead("static", 5), [0] * 5 + [2], 10, 8, costs)
     assert static == pytest.approx((2 * (3.5 + 0.3) + 2 * 0.2 + 8 * 0.1) / 8)
     # DISCO rounds of 0, 1 and 3 drafts use widths 1, 2 and 4 (verify_widths of SL_max 5).
     hist = [1, 1, 0, 1, 0, 0]
-    disco = evaluate.modeled_latency_ms(Lookahead("disco", 5), hist, 6, 7, costs)
+    disco = timing.modeled_latency_ms(Lookahead("disco", 5), hist, 6, 7, costs)
     assert disco == pytest.approx((1.0 + 1.5 + 2.5 + 3 * 0.3 + 3 * 0.2 + 3 * 0.1) / 7)

@@ -17,7 +17,8 @@ import sentencepiece as spm
 import seqio
 import tensorflow_datasets as tfds
 
-from distillspec import corpus, tasks
+from distillspec import corpus, tasks, vocabularies
+from distillspec.feature_converters import prompt_batches
 
 TFDS_TASK_NAMES = tuple(tasks.TFDS_TASKS)
 CODE_SAMPLES = (
@@ -41,7 +42,7 @@ def code_corpus() -> dict[str, list[corpus.CodeExample]]:
 def spm_path(tmp_path_factory) -> pathlib.Path:
     texts = corpus.code_training_text(corpus.build_code_corpus())
     start = time.perf_counter()
-    path = tasks.train_sentencepiece(texts, cache_dir=tmp_path_factory.mktemp("spm"))
+    path = vocabularies.train_sentencepiece(texts, cache_dir=tmp_path_factory.mktemp("spm"))
     print(f"SentencePiece training took {time.perf_counter() - start:.2f} s")
     return path
 
@@ -221,7 +222,7 @@ def test_sentencepiece_round_trip_is_exact(spm_path, vocab, code_corpus):
         assert vocab.decode(vocab.encode(text)) == text, repr(text)
         tf_ids = vocab.encode_tf(text)
         assert vocab.decode_tf(tf_ids).numpy().decode("utf-8") == text, repr(text)
-    assert vocab.vocab_size == tasks.DEFAULT_VOCAB_SIZE
+    assert vocab.vocab_size == vocabularies.DEFAULT_VOCAB_SIZE
     assert (sp.pad_id(), sp.eos_id(), sp.unk_id()) == (0, 1, 2)
     # Compression sanity: code should need well under one token per character.
     text = "".join(samples[len(CODE_SAMPLES) :])
@@ -230,27 +231,27 @@ def test_sentencepiece_round_trip_is_exact(spm_path, vocab, code_corpus):
 
 def test_sentencepiece_training_is_deterministic_and_cached(spm_path, tmp_path):
     texts = corpus.code_training_text(corpus.build_code_corpus())
-    again = tasks.train_sentencepiece(texts, cache_dir=tmp_path)
+    again = vocabularies.train_sentencepiece(texts, cache_dir=tmp_path)
     assert again.name == spm_path.name
     assert again.read_bytes() == spm_path.read_bytes()
     mtime = again.stat().st_mtime_ns
-    assert tasks.train_sentencepiece(texts, cache_dir=tmp_path) == again
+    assert vocabularies.train_sentencepiece(texts, cache_dir=tmp_path) == again
     assert again.stat().st_mtime_ns == mtime  # Served from the cache, not retrained.
 
 
 def test_byte_vocabulary_and_names(monkeypatch, tmp_path):
-    byte = tasks.get_vocabulary("byte")
+    byte = vocabularies.get_vocabulary("byte")
     assert isinstance(byte, seqio.ByteVocabulary)
     for text in CODE_SAMPLES:
         assert byte.decode(byte.encode(text)) == text
     with pytest.raises(ValueError, match="'nope'.*sentencepiece"):
-        tasks.get_vocabulary("nope")
-    monkeypatch.setenv(tasks.CACHE_ENV_VAR, str(tmp_path))
-    assert tasks.default_cache_dir() == tmp_path
+        vocabularies.get_vocabulary("nope")
+    monkeypatch.setenv(vocabularies.CACHE_ENV_VAR, str(tmp_path))
+    assert vocabularies.default_cache_dir() == tmp_path
 
 
 def test_get_vocabulary_small_corpus(tmp_path):
-    vocab = tasks.get_vocabulary(cache_dir=tmp_path, max_files=60, vocab_size=512)
+    vocab = vocabularies.get_vocabulary(cache_dir=tmp_path, max_files=60, vocab_size=512)
     assert vocab.vocab_size == 512 and len(list(tmp_path.glob("*.model"))) == 1
     assert vocab.decode(vocab.encode(CODE_SAMPLES[1])) == CODE_SAMPLES[1]
 
@@ -292,7 +293,7 @@ def test_task_splits(registered):
 
 
 def test_prompt_batches_shapes_and_full_coverage(registered):
-    batches = list(tasks.prompt_batches("humaneval", "test", 16, 64, 32, shuffle=False))
+    batches = list(prompt_batches("humaneval", "test", 16, 64, 32, shuffle=False))
     assert len(batches) == 11  # 164 = 10 * 16 + 4, the last batch padded.
     for b in batches:
         assert b["prompt_tokens"].shape == (16, 64) and b["prompt_tokens"].dtype == np.int32
@@ -302,14 +303,14 @@ def test_prompt_batches_shapes_and_full_coverage(registered):
         assert (b["prompt_tokens"][cols] == 0).all()  # Right padding.
     assert sum(int(b["valid"].sum()) for b in batches) == 164
     assert not batches[-1]["valid"][4:].any() and batches[-1]["valid"][:4].all()
-    dropped = list(tasks.prompt_batches("humaneval", "test", 16, 64, 32, drop_remainder=True))
+    dropped = list(prompt_batches("humaneval", "test", 16, 64, 32, drop_remainder=True))
     assert len(dropped) == 10
 
 
 def test_prompts_are_truncated_from_the_left(registered):
     task = seqio.get_mixture_or_task("humaneval")
     first = next(task.get_dataset(None, split="test", shuffle=False).as_numpy_iterator())
-    b = next(tasks.prompt_batches("humaneval", "test", 2, 20, 8, shuffle=False))
+    b = next(prompt_batches("humaneval", "test", 2, 20, 8, shuffle=False))
     assert b["prompt_lengths"][0] == 20
     np.testing.assert_array_equal(b["prompt_tokens"][0], first["inputs"][-20:])
     np.testing.assert_array_equal(b["completion_tokens"][0], first["targets"][:8])
@@ -317,7 +318,7 @@ def test_prompts_are_truncated_from_the_left(registered):
 
 def test_prompt_batches_are_deterministic_given_seed(registered):
     def take(seed):
-        it = tasks.prompt_batches("stdlib_code", "validation", 8, 32, 16, seed=seed)
+        it = prompt_batches("stdlib_code", "validation", 8, 32, 16, seed=seed)
         return [next(it)["prompt_tokens"] for _ in range(3)]
 
     a, b, c = take(0), take(0), take(1)
@@ -327,10 +328,10 @@ def test_prompt_batches_are_deterministic_given_seed(registered):
 
 
 def test_prompt_batches_lm_task_and_epochs(registered):
-    it = tasks.prompt_batches("stdlib_lm", "validation", 4, 16, 8, num_epochs=None)
+    it = prompt_batches("stdlib_lm", "validation", 4, 16, 8, num_epochs=None)
     b = next(it)
     assert (b["prompt_lengths"] == 8).all() and b["valid"].all()
-    humaneval = list(tasks.prompt_batches("humaneval", "test", 41, 8, 8, num_epochs=2))
+    humaneval = list(prompt_batches("humaneval", "test", 41, 8, 8, num_epochs=2))
     assert len(humaneval) == 8 and all(b["valid"].all() for b in humaneval)
 
 
@@ -345,10 +346,10 @@ def test_empty_and_unknown_splits_raise(vocab):
         vocab,
     )
     with pytest.raises(ValueError, match="'empty_for_test'.*'test'.*no examples"):
-        next(tasks.prompt_batches("empty_for_test", "test", 2, 4, 4))
+        next(prompt_batches("empty_for_test", "test", 2, 4, 4))
     with pytest.raises(ValueError, match="'empty_for_test'.*'validation'"):
-        next(tasks.prompt_batches("empty_for_test", "validation", 2, 4, 4))
-    assert next(tasks.prompt_batches("empty_for_test", "train", 2, 4, 4))["valid"].sum() == 1
+        next(prompt_batches("empty_for_test", "validation", 2, 4, 4))
+    assert next(prompt_batches("empty_for_test", "train", 2, 4, 4))["valid"].sum() == 1
 
 
 # ---------------------------------------------------------------------------------- TFDS tasks
@@ -362,7 +363,7 @@ def test_tfds_tasks_with_mock_data(registered, vocab, name):
     with tfds.testing.mock_data(num_examples=5):
         ds = task.get_dataset(sequence_length=None, split=spec.splits[-1], shuffle=False)
         examples = list(ds.as_numpy_iterator())
-        batch = next(tasks.prompt_batches(name, spec.splits[-1], 4, 32, 16, seed=3))
+        batch = next(prompt_batches(name, spec.splits[-1], 4, 32, 16, seed=3))
     assert len(examples) == 5
     ex = examples[0]
     assert ex["targets"][-1] == vocab.eos_id
@@ -399,5 +400,5 @@ def test_missing_tfds_data_raises_clear_error(registered, tfds_dir, name):
     ):
         assert needle in message
     with pytest.raises(tasks.DatasetMissingError):
-        next(tasks.prompt_batches(name, "test", 2, 4, 4))
+        next(prompt_batches(name, "test", 2, 4, 4))
     assert not any(tfds_dir.iterdir())  # Nothing was downloaded or generated.

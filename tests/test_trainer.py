@@ -24,7 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from distillspec import checkpoints, datagen, gin_setup, metrics, tasks, trainer
+from distillspec import checkpoints, datagen, gin_setup, metrics, tasks, trainer, vocabularies
 from distillspec.models import DecoderOnlyLM, TransformerConfig, from_pretrained
 from tests.test_utils import ragged_prompts
 
@@ -308,7 +308,7 @@ def test_tiny_distill_end_to_end(reference_run):
 
 _DIE_AFTER_STEP = """
 import os, signal, sys
-from distillspec import metrics, train
+from distillspec import gin_setup, metrics
 
 log = metrics.MetricsLogger.log
 
@@ -318,7 +318,7 @@ def log_then_die(self, step, record):
         os.kill(os.getpid(), signal.SIGKILL)  # Nothing gets to clean up.
 
 metrics.MetricsLogger.log = log_then_die
-train.main(sys.argv[1:])
+gin_setup.main("train", sys.argv[1:])
 """
 
 
@@ -464,13 +464,11 @@ def test_binding_to_an_unknown_parameter_lists_the_valid_ones(
 
 
 def test_cli_names_unset_required_macros(tmp_path):
-    from distillspec import train
-
     with pytest.raises(
         ValueError,
         match=r"required gin bindings not set: MODEL_DIR; pass them as --gin\.MODEL_DIR=VALUE",
     ):
-        train.main([f"--gin_file={TINY}"])
+        gin_setup.main("train", [f"--gin_file={TINY}"])
 
 
 @pytest.mark.parametrize(
@@ -513,7 +511,7 @@ def test_unwritable_model_dir_is_rejected(tmp_path):
 
 
 def test_empty_task_is_rejected(tmp_path):
-    vocab = tasks.get_vocabulary("byte")
+    vocab = vocabularies.get_vocabulary("byte")
     empty = lambda: {"train": {"inputs": [], "targets": []}}  # noqa: E731
     tasks.register_text_task("empty_for_test", empty, ["train"], vocab)
     with pytest.raises(ValueError, match=r"'empty_for_test' split 'train' has no examples"):

@@ -24,6 +24,7 @@ class MarkovStub:
     def __init__(self, table: np.ndarray, name: str = "stub"):
         self.table = jnp.asarray(table, jnp.float32)  # [V, V, V] logits.
         self.vocab_size = int(table.shape[-1])
+        self.encoder_decoder = False
         self.name = name
 
     def prefill(self, params, prompt_tokens, prompt_lengths, cache_length):

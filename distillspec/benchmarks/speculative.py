@@ -28,13 +28,14 @@ import dataclasses
 import json
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec.benchmarks import emit
 from distillspec.decoding import generate, speculative_generate
+from distillspec.evaluation.timing import interleaved, megabytes, step_timer
 from distillspec.models import DecoderOnlyLM, TransformerConfig
 
 TARGET = TransformerConfig(
@@ -73,46 +74,6 @@ def reference_pair(draft_layers: int, deep_residual_scale: float, seed: int = 0)
     return target, params, draft, draft_params, description
 
 
-def megabytes(params) -> float:
-    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)) / 1e6
-
-
-def step_timer(model, params, prompts, lengths, tokens_per_call: int, calls: int):
-    """A jitted loop of `calls` cache extensions of `tokens_per_call` tokens; returns a timer."""
-    batch, prompt_len = prompts.shape
-    cache_length = prompt_len + tokens_per_call * calls + 1
-
-    @jax.jit
-    def run(params, prompts, lengths, num_calls):
-        cache, _, position = model.prefill(params, prompts, lengths, cache_length)
-        tokens = jnp.ones((batch, tokens_per_call), jnp.int32)
-
-        def body(i, carry):
-            cache, total = carry
-            logits, cache = model.extend(params, cache, tokens, position + i * tokens_per_call)
-            return cache, total + logits[:, -1, 0]
-
-        return jax.lax.fori_loop(0, num_calls, body, (cache, jnp.zeros((batch,))))[1]
-
-    def seconds_per_call() -> float:
-        # Difference of a long and a short loop: prefill and dispatch cancel out.
-        times = []
-        for n in (calls, 1):
-            start = time.perf_counter()
-            run(params, prompts, lengths, n).block_until_ready()
-            times.append(time.perf_counter() - start)
-        return (times[0] - times[1]) / (calls - 1)
-
-    seconds_per_call()  # Compiles.
-    return seconds_per_call
-
-
-def _timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
-
-
 def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompt_len: int, repeats: int):
     """One configuration: interleaved plain / speculative runs and step timers -> a record."""
     target, target_params, draft, draft_params, description = pair
@@ -130,18 +91,13 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompt_len: int, 
         "target": step_timer(target, target_params, prompts, lengths, 1, calls),
         "verify": step_timer(target, target_params, prompts, lengths, gamma + 1, calls),
     }
-    plain_out, spec_out = plain(), spec()  # Compiles both.
-    ratios, c, r_gamma, plain_s, spec_s = [], [], [], [], []
-    for _ in range(repeats):
-        plain_out, t_plain = _timed(plain)
-        spec_out, t_spec = _timed(spec)
-        step = {name: timer() for name, timer in timers.items()}
-        ratios.append(t_plain / t_spec)
-        c.append(step["draft"] / step["target"])
-        r_gamma.append(step["verify"] / step["target"])
-        plain_s.append(t_plain)
-        spec_s.append(t_spec)
-    c, r_gamma, speedup = map(statistics.median, (c, r_gamma, ratios))
+    plain(), spec()  # Compiles both.
+    runs, seconds = interleaved({"plain": plain, "spec": spec, **timers}, repeats)
+    plain_out, spec_out = runs["plain"][-1], runs["spec"][-1]
+    plain_s, spec_s = seconds["plain"], seconds["spec"]
+    ratio = lambda a, b: statistics.median(x / y for x, y in zip(a, b))
+    speedup = ratio(plain_s, spec_s)
+    c, r_gamma = ratio(runs["draft"], runs["target"]), ratio(runs["verify"], runs["target"])
     ideal = spec_out.tau / (gamma * c + r_gamma)
     tokens = batch * max_new_tokens
     return {
@@ -187,10 +143,7 @@ def main(argv=None) -> list[dict]:
             measure(pair, args.gamma, batch, args.max_new_tokens, args.prompt_length, args.repeats)
         )
         print(json.dumps(records[-1]), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
-    return records
+    return emit(records, args.json, echo=False)
 
 
 if __name__ == "__main__":

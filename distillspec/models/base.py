@@ -18,7 +18,7 @@ Cache contract (what makes rolling back rejected drafts a per-row index move):
 from __future__ import annotations
 
 import abc
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import flax.linen as nn
 import jax
@@ -31,6 +31,8 @@ class DecodingModel(Protocol):
     """What a model must provide to be decoded by `distillspec.sampling` / `speculative`."""
 
     vocab_size: int  # Size of the logits' last axis.
+    # True: the prompt is the encoder's input (T5); False: the decoder continues the prompt.
+    encoder_decoder: bool
 
     def prefill(
         self, params: Params, prompt_tokens: jax.Array, prompt_lengths: jax.Array, cache_length: int
@@ -59,6 +61,16 @@ class DecodingModel(Protocol):
         self, params: Params, cache: Cache, tokens: jax.Array, positions: jax.Array
     ) -> tuple[jax.Array, Cache]:
         """Feeds tokens [B, K] at per-row positions [B]; returns (logits [B, K, V] f32, cache)."""
+        ...
+
+
+@runtime_checkable
+class ScoringModel(DecodingModel, Protocol):
+    """A decoding model that also scores whole sequences by teacher forcing (training, TVD,
+    DISCO features): every model of `distillspec.models` is one."""
+
+    def logits(self, params: Params, batch: dict[str, jax.Array]) -> jax.Array:
+        """Teacher-forced logits [B, L, V] float32 of a packed batch (`datagen.pack_for`)."""
         ...
 
 

@@ -168,6 +168,7 @@ class DecoderOnlyLM(FlaxModel):
     def __init__(self, config: TransformerConfig):
         self.config = config
         self.vocab_size = config.vocab_size
+        self.encoder_decoder = False
         self.module = DecoderOnlyTransformer(config)
 
     def _init_variables(self, rng: jax.Array) -> Any:

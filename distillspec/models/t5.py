@@ -215,6 +215,7 @@ class T5LM(FlaxModel):
     def __init__(self, config: T5Config):
         self.config = config
         self.vocab_size = config.vocab_size
+        self.encoder_decoder = True
         self.module = T5Transformer(config)
 
     def _init_variables(self, rng: jax.Array) -> Any:

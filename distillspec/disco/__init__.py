@@ -1,0 +1,2 @@
+"""DISCO (dynamic speculation lookahead): classifier examples, the classifier, its storage beside
+the draft, and the tuning of the lookahead policies. `python -m distillspec.disco` runs it."""

@@ -1,0 +1,1 @@
+"""Evaluation of drafts: timing, the draft grid (alpha, tau, speed-up) and lookahead policies."""

@@ -1,0 +1,337 @@
+"""Evaluating draft models for speculative decoding: alpha, tau, tau_theory and speed-up.
+
+For every (draft, gamma, temperature) of a grid, `evaluate_drafts` decodes the same prompts with
+the plain target decoder and with the speculative decoder and returns one flat record:
+
+  alpha      = accepted drafts / drafted tokens                 (over all valid prompt rows)
+  tau        = generated tokens / target calls                  (block efficiency)
+  mean_tvd   = mean over the target's own continuations of TVD(p_target, q_draft), both processed
+               with the record's temperature (T = 0: one-hot argmax, so TVD = [argmaxes differ])
+  tau_theory = (1 - a^(gamma+1)) / (1 - a) with a = 1 - mean_tvd  (DistillSpec Fig. 3c)
+  speedup    = (spec tokens / spec time) / (plain tokens / plain time), timed in this process,
+               compilation excluded, plain and speculative calls interleaved batch by batch.
+
+Records go to `records.jsonl` (`distillspec.records.append_records`); `distillspec.tables`
+formats them without JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import statistics
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from distillspec import checks, datagen, losses
+from distillspec.decoding import DecodeResult, generate, shared_vocab_size, speculative_generate
+from distillspec.evaluation.timing import interleaved
+from distillspec.feature_converters import decodable, valid_rows
+from distillspec.sampling import SamplingConfig, logits_to_probs
+
+RECORD_KEYS = (
+    "draft",
+    "gamma",
+    "temperature",
+    "alpha",
+    "tau",
+    "tau_theory",
+    "speedup",
+    "num_prompts",
+    "task",
+    "split",
+    "max_new_tokens",
+    "tokens_per_s",
+    "target_tokens_per_s",
+    "mean_tvd",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GridConfig:
+    """The (draft x gamma x temperature) grid of `evaluate_drafts` and how it is timed."""
+
+    gammas: tuple[int, ...] = (3, 5, 7)  # Draft block sizes, each >= 1.
+    temperatures: tuple[float, ...] = (0.0, 1.0)  # 0 = greedy, else softmax(logits / T).
+    max_new_tokens: int = 64  # Tokens generated per prompt at most.
+    timing_repeats: int = 1  # Interleaved (plain, spec) pairs timed per batch; medians summed.
+    seed: int = 0  # Batch i samples with fold_in(PRNGKey(seed), i), plain and spec alike.
+
+    def __post_init__(self):
+        object.__setattr__(self, "gammas", tuple(checks.check_int_list("gammas", self.gammas)))
+        temperatures = tuple(self.temperatures)
+        if not temperatures or any(not (float(t) >= 0) for t in temperatures):
+            raise ValueError(
+                f"temperatures must be a non-empty list of values >= 0, got {list(temperatures)}"
+            )
+        object.__setattr__(self, "temperatures", tuple(float(t) for t in temperatures))
+        checks.check_int("max_new_tokens", self.max_new_tokens)
+        checks.check_int("timing_repeats", self.timing_repeats)
+        checks.check_int("seed", self.seed, minimum=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Theory: tau from the mean TVD.
+# --------------------------------------------------------------------------------------------
+
+
+def tau_from_alpha(alpha: float, gamma: int) -> float:
+    """Expected tokens per target call for i.i.d. acceptance rate alpha (Leviathan et al.).
+
+    tau = (1 - alpha^(gamma+1)) / (1 - alpha) = 1 + alpha + ... + alpha^gamma; gamma + 1 at alpha 1.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    if alpha >= 1.0 - 1e-12:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def tau_from_tvd(mean_tvd: float, gamma: int) -> float:
+    """DistillSpec Fig. 3c: tau_theory with alpha = 1 - mean TVD(target, draft)."""
+    return tau_from_alpha(min(max(1.0 - mean_tvd, 0.0), 1.0), gamma)
+
+
+# --------------------------------------------------------------------------------------------
+# Teacher forcing along the target's continuations.
+# --------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=32)
+def _tvd_fn(target, draft, sampling: SamplingConfig, vocab_size: int | None):
+    """Jitted (target_params, draft_params, batch, weights [B, L]) -> (tvd sum, weight sum)."""
+
+    def tvd_sum(target_params, draft_params, batch, weights):
+        p = logits_to_probs(target.logits(target_params, batch), sampling, vocab_size)
+        q = logits_to_probs(draft.logits(draft_params, batch), sampling, vocab_size)
+        return jnp.sum(losses.tvd_of_probs(p, q) * weights), jnp.sum(weights)
+
+    return jax.jit(tvd_sum)
+
+
+def check_same_family(target, draft, what: str = "the draft") -> None:
+    """ValueError unless target and draft are both decoder-only or both encoder-decoder."""
+    if target.encoder_decoder != draft.encoder_decoder:
+        raise ValueError(
+            f"{what} and the target must both be decoder-only or both encoder-decoder (T5-style)"
+        )
+
+
+def mean_tvd(
+    target,
+    target_params,
+    draft,
+    draft_params,
+    batches: Sequence[Mapping[str, np.ndarray]],
+    continuations: Sequence[DecodeResult],
+    sampling: SamplingConfig,
+    vocab_size: int | None = None,
+) -> float:
+    """Mean next-token TVD(target, draft) along the target's continuations (completion positions).
+
+    Both distributions are processed like the decoders process them (`logits_to_probs`), so for
+    greedy decoding the TVD is the indicator that the argmaxes differ. Rows with valid=False are
+    weighted out.
+    """
+    check_same_family(target, draft)
+    fn = _tvd_fn(target, draft, sampling, vocab_size)
+    total, count = 0.0, 0.0
+    for batch, result in zip(batches, continuations):
+        packed, weights = datagen.pack_teacher_forcing(
+            target, batch["prompt_tokens"], batch["prompt_lengths"], result.tokens, result.lengths
+        )
+        weights = weights * valid_rows(batch)[:, None]
+        s, c = jax.device_get(fn(target_params, draft_params, packed, weights))
+        total, count = total + float(s), count + float(c)
+    return total / count if count else float("nan")
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks.
+# --------------------------------------------------------------------------------------------
+
+
+def check_drafts(target, drafts: Mapping[str, Any], vocab_size: int | None) -> None:
+    """ValueError unless drafts is {name: (model, params)} of models the target can verify."""
+    if not drafts:
+        raise ValueError("drafts is empty: pass {name: (model, params)} with at least one draft")
+    for name, entry in drafts.items():
+        if not (isinstance(entry, tuple | list) and len(entry) == 2):
+            raise ValueError(f"drafts[{name!r}] must be a (model, params) pair, got {type(entry)}")
+        try:  # The decoders' own check, run for every draft before anything is decoded.
+            shared_vocab_size(target, entry[0], vocab_size)
+        except ValueError as e:
+            raise ValueError(f"drafts[{name!r}]: {e}") from None
+        check_same_family(target, entry[0], f"drafts[{name!r}]")
+
+
+def check_prompts(prompts: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """ValueError unless prompts is a non-empty list of prompt batches with a valid row."""
+    if not prompts:
+        raise ValueError("prompts is empty: pass at least one prompt batch")
+    for i, batch in enumerate(prompts):
+        if "prompt_tokens" not in batch or "prompt_lengths" not in batch:
+            raise ValueError(f"prompts[{i}] lacks 'prompt_tokens' / 'prompt_lengths'")
+    if not any(valid_rows(b).any() for b in prompts):
+        raise ValueError("prompts holds no valid rows (every row has valid=False)")
+
+
+# --------------------------------------------------------------------------------------------
+# The evaluation loop.
+# --------------------------------------------------------------------------------------------
+
+
+def _measure(plain_fn, spec_fn, batches, timing_repeats: int):
+    """Runs both decoders on every batch: warm-up per distinct shape (not timed), then
+    timing_repeats interleaved (plain, spec) pairs per batch; per-batch median times.
+
+    Returns (plain results, spec results, plain seconds, spec seconds).
+    """
+    compiled: set[tuple[int, ...]] = set()
+    plain_results, spec_results, plain_time, spec_time = [], [], 0.0, 0.0
+    for i, batch in enumerate(batches):
+        shape = np.shape(batch["prompt_tokens"])
+        if shape not in compiled:  # Compilation is excluded from the timings.
+            plain_fn(i, batch), spec_fn(i, batch)
+            compiled.add(shape)
+        results, seconds = interleaved(
+            {
+                "plain": functools.partial(plain_fn, i, batch),
+                "spec": functools.partial(spec_fn, i, batch),
+            },
+            timing_repeats,
+        )
+        plain_results.append(results["plain"][-1])
+        spec_results.append(results["spec"][-1])
+        plain_time += statistics.median(seconds["plain"])
+        spec_time += statistics.median(seconds["spec"])
+    return plain_results, spec_results, plain_time, spec_time
+
+
+def _plain_call(target, params, base_rng, sampling, kwargs, index: int, batch) -> DecodeResult:
+    """Plain decoding of prompt batch `index` (its sampling key is fold_in(base_rng, index))."""
+    rng = jax.random.fold_in(base_rng, index)
+    return generate(
+        target, params, batch["prompt_tokens"], batch["prompt_lengths"], rng,
+        sampling=sampling, **kwargs,
+    )  # fmt: skip
+
+
+def _spec_call(
+    target, draft, target_params, draft_params, base_rng, sampling, kwargs, index: int, batch
+) -> DecodeResult:
+    """Speculative decoding of prompt batch `index`, with the same key as `_plain_call`."""
+    rng = jax.random.fold_in(base_rng, index)
+    return speculative_generate(
+        target, draft, target_params, draft_params, batch["prompt_tokens"],
+        batch["prompt_lengths"], rng, sampling=sampling, **kwargs,
+    )  # fmt: skip
+
+
+def _valid_sum(results: Sequence[DecodeResult], field: str, batches) -> float:
+    """Sum of a DecodeResult counter over the valid rows of all batches."""
+    return float(
+        sum(
+            np.sum(np.asarray(getattr(r, field), np.float64) * valid_rows(b))
+            for r, b in zip(results, batches)
+        )
+    )
+
+
+def _record(plain, spec, t_plain, t_spec, batches, tvd: float, gamma: int) -> dict[str, Any]:
+    """The measured part of one record (see the module docstring for the definitions)."""
+    spec_tokens = _valid_sum(spec, "lengths", batches)
+    drafted, accepted = _valid_sum(spec, "drafted", batches), _valid_sum(spec, "accepted", batches)
+    tokens_per_s = spec_tokens / max(t_spec, 1e-12)
+    target_tokens_per_s = _valid_sum(plain, "lengths", batches) / max(t_plain, 1e-12)
+    return {
+        "alpha": accepted / max(drafted, 1.0),
+        "tau": spec_tokens / max(_valid_sum(spec, "target_calls", batches), 1.0),
+        "tau_theory": tau_from_tvd(tvd, gamma) if math.isfinite(tvd) else float("nan"),
+        "speedup": tokens_per_s / max(target_tokens_per_s, 1e-12),
+        "num_prompts": int(sum(valid_rows(b).sum() for b in batches)),
+        "tokens_per_s": tokens_per_s,
+        "target_tokens_per_s": target_tokens_per_s,
+        "mean_tvd": tvd,
+    }
+
+
+def evaluate_drafts(
+    target,
+    target_params,
+    drafts: Mapping[str, tuple[Any, Any]],
+    prompts: Iterable[Mapping[str, np.ndarray]],
+    grid: GridConfig,
+    *,
+    eos_id: int | None,
+    task: str = "",
+    split: str = "",
+    vocab_size: int | None = None,
+) -> list[dict[str, Any]]:
+    """Speculative-decoding quality and speed of each draft against the target, over a grid.
+
+    Args:
+      target, target_params: the target model (a `ScoringModel`: it also has teacher-forced
+        `logits`, for the TVD).
+      drafts: {name: (model, params)}, e.g. {'standard': ..., 'distilled': ...}.
+      prompts: prompt batches as yielded by `feature_converters.prompt_batches` ('prompt_tokens'
+        [B, P], 'prompt_lengths' [B], optional 'valid' [B]; rows with valid=False are decoded
+        for shape's sake but not counted).
+      grid: gammas, temperatures, max_new_tokens, timing and the sampling seed.
+      eos_id: a row stops after this id; None = always max_new_tokens.
+      task, split: context copied into the records.
+      vocab_size: shared tokenizer size when the embeddings are padded differently.
+
+    Returns:
+      One record per (draft, gamma, temperature), with the keys of `RECORD_KEYS`.
+    """
+    prompts = list(prompts)
+    check_drafts(target, drafts, vocab_size)
+    check_prompts(prompts)
+    batches = [decodable(b) for b in prompts if valid_rows(b).any()]
+    base_rng = jax.random.PRNGKey(grid.seed)
+    common = dict(max_new_tokens=grid.max_new_tokens, eos_id=eos_id, vocab_size=vocab_size)
+    records, tvd_cache = [], {}
+    total = len(drafts) * len(grid.gammas) * len(grid.temperatures)
+    for temperature in grid.temperatures:
+        sampling = SamplingConfig(temperature=temperature)
+        plain_fn = functools.partial(_plain_call, target, target_params, base_rng, sampling, common)
+        for name, (draft, draft_params) in drafts.items():
+            for gamma in grid.gammas:
+                spec_fn = functools.partial(
+                    _spec_call, target, draft, target_params, draft_params, base_rng, sampling,
+                    dict(common, gamma=gamma),
+                )  # fmt: skip
+                plain, spec, t_plain, t_spec = _measure(
+                    plain_fn, spec_fn, batches, grid.timing_repeats
+                )
+                if (name, temperature) not in tvd_cache:  # Depends on neither gamma nor timing.
+                    tvd_cache[name, temperature] = mean_tvd(
+                        target, target_params, draft, draft_params, batches, plain, sampling,
+                        vocab_size,
+                    )  # fmt: skip
+                record = _record(
+                    plain, spec, t_plain, t_spec, batches, tvd_cache[name, temperature], gamma
+                )
+                record = {"draft": name, "gamma": gamma, "temperature": temperature, **record}
+                record.update(task=task, split=split, max_new_tokens=grid.max_new_tokens)
+                record = {key: record[key] for key in RECORD_KEYS}  # Fixed key order.
+                records.append(record)
+                _report_progress(record, len(records), total)
+    return records
+
+
+def _report_progress(record: Mapping[str, Any], done: int, total: int) -> None:
+    print(
+        f"[evaluate {done}/{total}] draft={record['draft']} gamma={record['gamma']} "
+        f"T={record['temperature']:g}: alpha={record['alpha']:.3f} tau={record['tau']:.3f} "
+        f"tau_theory={record['tau_theory']:.3f} speedup={record['speedup']:.2f}x",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -1,0 +1,294 @@
+"""The lookahead policy axis (DISCO Table 1): batch-1 greedy latency of each policy.
+
+Every policy of `resolve_policies` ('static-<k>', 'static-opt', 'heuristic', 'confidence',
+'disco', 'oracle') and the target alone decode the same prompts at batch 1, greedy, interleaved
+per prompt (`measure_policies`); `evaluate_policies` makes one record per (eval set, draft,
+policy) with the keys of `POLICY_RECORD_KEYS`: latency_ms per generated token, speedup against
+the target alone, mean_sl, the per-round sl_histogram, alpha, tau and exact (output identical
+to the target's). The tuned policies take a draft's saved DISCO tuning as plain data (the
+'tuning' of its classifier.json, written by `python -m distillspec.disco`).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from distillspec import lookahead as sl
+from distillspec.decoding import DecodeResult, generate, speculative_generate
+from distillspec.evaluation.timing import interleaved, measure_call_costs, modeled_latency_ms
+from distillspec.feature_converters import single_prompts
+from distillspec.lookahead import Lookahead
+from distillspec.records import POLICY_NAMES, TARGET_POLICY, TUNED_POLICIES, append_records
+from distillspec.sampling import SamplingConfig
+
+POLICY_RECORD_KEYS = (
+    "draft",
+    "policy",
+    "sl_max",
+    "threshold",
+    "keep_last",
+    "temperature",
+    "alpha",
+    "tau",
+    "mean_sl",
+    "sl_histogram",
+    "latency_ms",
+    "modeled_latency_ms",
+    "target_latency_ms",
+    "speedup",
+    "exact",
+    "num_prompts",
+    "task",
+    "split",
+    "max_new_tokens",
+    "tokens",
+    "target_calls",
+    "draft_calls",
+)
+
+
+def _counter_sum(results: Sequence[DecodeResult], field: str) -> int:
+    return int(sum(int(getattr(r, field).sum()) for r in results))
+
+
+def _policy_fields(
+    runs: Sequence[DecodeResult], seconds: float, lookahead: Lookahead | None,
+    references: Sequence[DecodeResult], target_latency: float, costs,
+) -> dict[str, Any]:  # fmt: skip
+    """The measured fields of one policy's record (see POLICY_RECORD_KEYS)."""
+    total = functools.partial(_counter_sum, runs)
+    tokens = total("lengths")
+    hist = np.sum([r.sl_histogram.sum(0) for r in runs], axis=0)
+    latency = 1000.0 * seconds / max(tokens, 1)
+    tuned_threshold = lookahead is not None and lookahead.kind in ("confidence", "disco")
+    return {
+        "sl_max": lookahead.sl_max if lookahead else 0,
+        "threshold": float(lookahead.threshold) if tuned_threshold else None,
+        "keep_last": lookahead.keep_last if lookahead else None,
+        "alpha": total("accepted") / max(total("drafted"), 1),
+        "tau": tokens / max(total("target_calls"), 1),
+        "mean_sl": total("drafted") / max(total("target_calls"), 1),
+        "sl_histogram": [int(v) for v in hist],
+        "latency_ms": latency,
+        "modeled_latency_ms": None
+        if costs is None
+        else modeled_latency_ms(lookahead, hist, total("draft_calls"), tokens, costs),
+        "target_latency_ms": target_latency,
+        "speedup": target_latency / max(latency, 1e-12),
+        "exact": all(
+            np.array_equal(r.tokens, ref.tokens) and np.array_equal(r.lengths, ref.lengths)
+            for r, ref in zip(runs, references)
+        ),
+        "num_prompts": len(references),
+        "tokens": tokens,
+        "target_calls": total("target_calls"),
+        "draft_calls": total("draft_calls"),
+    }
+
+
+def measure_policies(
+    target,
+    target_params,
+    draft,
+    draft_params,
+    prompts: Sequence[tuple[np.ndarray, np.ndarray]],
+    policies: Mapping[str, Lookahead],
+    *,
+    classifier=None,
+    costs: Mapping[str, Any] | None = None,
+    max_new_tokens: int,
+    eos_id: int | None,
+    vocab_size: int | None = None,
+    timing_repeats: int = 1,
+    desc: str = "policies",
+) -> dict[str, dict[str, Any]]:
+    """Greedy decoding latency per generated token of each lookahead policy, at batch 1.
+
+    Every prompt is decoded by the target alone ('target') and by each policy, one after the
+    other (`timing.interleaved`, so a slower or busier stretch of the machine hits all of them
+    alike); each program is compiled on the first prompt before anything is timed; per prompt
+    the median of timing_repeats calls counts. The oracle policy gets the target's own output
+    as reference.
+
+    Args:
+      prompts: (prompt_tokens [1, P], prompt_lengths [1]) pairs, all of one shape.
+      policies: {name: Lookahead}; names must not be 'target'.
+      classifier: DISCO classifier variables (for kind 'disco').
+      costs: `timing.measure_call_costs` output; with it each policy also gets
+        modeled_latency_ms.
+      Others as in `evaluate_drafts`.
+
+    Returns:
+      {'target' and each policy name: measured fields of a policy record (see
+      POLICY_RECORD_KEYS): alpha, tau, mean_sl, sl_histogram, latency_ms, target_latency_ms,
+      speedup, exact, num_prompts, tokens, target_calls, draft_calls, sl_max, threshold}.
+    """
+    if not prompts:
+        raise ValueError("prompts is empty: pass at least one (prompt_tokens, prompt_lengths)")
+    if TARGET_POLICY in policies:
+        raise ValueError("'target' is the plain target's name; name the policies otherwise")
+    common = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, vocab_size=vocab_size)
+    greedy = SamplingConfig()
+
+    def plain(prompt, reference):
+        return generate(target, target_params, *prompt, sampling=greedy, **common)
+
+    def policy_fn(lookahead):
+        def run(prompt, reference):
+            return speculative_generate(
+                target, draft, target_params, draft_params, *prompt, lookahead=lookahead,
+                classifier=classifier if lookahead.kind == "disco" else None,
+                oracle_tokens=reference.tokens if lookahead.kind == "oracle" else None,
+                sampling=greedy, **common,
+            )  # fmt: skip
+
+        return run
+
+    fns = {TARGET_POLICY: plain, **{name: policy_fn(la) for name, la in policies.items()}}
+    references = [plain(prompt, None) for prompt in prompts]  # Also compiles the target.
+    for fn in fns.values():
+        fn(prompts[0], references[0])
+    seconds = dict.fromkeys(fns, 0.0)
+    results: dict[str, list[DecodeResult]] = {name: [] for name in fns}
+    for prompt, reference in tqdm(
+        list(zip(prompts, references)), desc=desc, unit="prompt", file=sys.stderr, leave=False
+    ):
+        calls = {name: functools.partial(fn, prompt, reference) for name, fn in fns.items()}
+        runs, times = interleaved(calls, timing_repeats)
+        for name in fns:
+            seconds[name] += statistics.median(times[name])
+            results[name].append(runs[name][-1])
+    target_latency = 1000.0 * seconds[TARGET_POLICY] / max(_counter_sum(references, "lengths"), 1)
+    return {
+        name: _policy_fields(
+            runs, seconds[name], policies.get(name), references, target_latency, costs
+        )
+        for name, runs in results.items()
+    }
+
+
+def policy_records(
+    measured: Mapping[str, Mapping[str, Any]], *, draft: str, task: str, split: str,
+    max_new_tokens: int,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Flat records (POLICY_RECORD_KEYS order) from `measure_policies`' output."""
+    records = []
+    for name, fields in measured.items():
+        record = dict(fields, draft=draft, policy=name, temperature=0.0, task=task, split=split)
+        record["max_new_tokens"] = max_new_tokens
+        records.append({key: record[key] for key in POLICY_RECORD_KEYS})
+    return records
+
+
+def resolve_policies(
+    names: Sequence[str],
+    tuning: Mapping[str, Any] | None = None,
+    *,
+    heuristic_sl_max: int = 8,
+    heuristic_start: int = 5,
+    oracle_sl_max: int = 64,
+) -> dict[str, Lookahead]:
+    """{name: Lookahead} for policy names (the target alone is always measured besides).
+
+    Args:
+      names: 'static-<k>', 'static-opt', 'heuristic', 'confidence', 'disco', 'oracle'.
+      tuning: a draft's validation tuning (classifier.json's 'tuning', from
+        `python -m distillspec.disco`): static_opt, and the confidence and disco settings.
+      heuristic_sl_max, heuristic_start: the heuristic's cap and first lookahead.
+      oracle_sl_max: the oracle's cap (large: the oracle SL histogram is DISCO's Figure 4).
+    """
+    out = {}
+    for name in names:
+        if name == TARGET_POLICY:
+            continue
+        if name in TUNED_POLICIES and not tuning:
+            raise ValueError(
+                f"policy {name!r} is tuned on validation data: train and tune the draft's "
+                "classifier first with python -m distillspec.disco"
+            )
+        if name.startswith("static-") and name[7:].isdigit():
+            out[name] = Lookahead("static", int(name[7:]))
+        elif name == "static-opt":
+            out[name] = Lookahead("static", int(tuning["static_opt"]))
+        elif name == "heuristic":
+            out[name] = Lookahead(
+                "heuristic", heuristic_sl_max, start=min(heuristic_start, heuristic_sl_max)
+            )
+        elif name in ("confidence", "disco"):
+            out[name] = Lookahead(name, **tuning[name])
+        elif name == "oracle":
+            out[name] = Lookahead("oracle", oracle_sl_max)
+        else:
+            raise ValueError(f"unknown lookahead policy {name!r}; valid: {', '.join(POLICY_NAMES)}")
+    return out
+
+
+def evaluate_policies(
+    target,
+    target_params,
+    drafts: Mapping[str, tuple[Any, Any, Any, Mapping[str, Any] | None]],
+    sets: Mapping[tuple[str, str], Sequence[Mapping[str, np.ndarray]]],
+    policies: Sequence[str],
+    *,
+    num_prompts: int,
+    max_new_tokens: int,
+    eos_id: int | None,
+    records_path: str | None = None,
+    timing_repeats: int = 1,
+    heuristic_sl_max: int = 8,
+    heuristic_start: int = 5,
+    oracle_sl_max: int = 64,
+    model_costs: bool = True,
+) -> list[dict[str, Any]]:
+    """DISCO Table 1: every policy's batch-1 greedy latency, per eval set and draft.
+
+    Args:
+      drafts: {name: (model, params, DISCO classifier variables or None, tuning or None)}.
+      sets: {(task, split): prompt batches}; the first num_prompts valid prompts are used.
+      policies: names for `resolve_policies` (the target alone is always measured).
+      records_path: records are appended here as they are made (one eval set at a time).
+      model_costs: also give each record modeled_latency_ms (call costs measured per draft).
+      Others as in `measure_policies` / `resolve_policies`.
+
+    Returns:
+      One record per (eval set, draft, policy), keys POLICY_RECORD_KEYS.
+    """
+    records = []
+    for name, (draft, draft_params, classifier, tuning) in drafts.items():
+        lookaheads = resolve_policies(
+            policies, tuning, heuristic_sl_max=heuristic_sl_max,
+            heuristic_start=heuristic_start, oracle_sl_max=oracle_sl_max,
+        )  # fmt: skip
+        costs = None
+        if model_costs:
+            first = single_prompts(next(iter(sets.values())))[0]
+            widths = {w for la in lookaheads.values() for w in sl.verify_widths(la)}
+            costs = measure_call_costs(
+                target, target_params, draft, draft_params, first, widths,
+                max_new_tokens=max_new_tokens,
+            )  # fmt: skip
+        for (task, split), batches in sets.items():
+            measured = measure_policies(
+                target, target_params, draft, draft_params,
+                single_prompts(batches)[:num_prompts], lookaheads, classifier=classifier,
+                costs=costs,
+                max_new_tokens=max_new_tokens, eos_id=eos_id, timing_repeats=timing_repeats,
+                desc=f"{name} {task}/{split}",
+            )  # fmt: skip
+            new = policy_records(
+                measured, draft=name, task=task, split=split, max_new_tokens=max_new_tokens
+            )
+            if records_path:
+                append_records(records_path, new)
+            records += new
+            by = {r["policy"]: r for r in new}
+            line = " ".join(f"{p}={r['latency_ms']:.2f}ms" for p, r in by.items())
+            print(f"[policies] {name} {task}/{split}: {line}", file=sys.stderr, flush=True)
+    return records

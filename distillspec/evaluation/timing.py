@@ -1,0 +1,146 @@
+"""Timing: one interleaved timer for everything that times, model call costs and the cost model.
+
+Every measurement of this project follows GUIDE.md §4: candidates run in turn (A, B, A, B, ...)
+so that a slower stretch of a shared machine hits them alike, compilation is excluded, results
+are on the host before the clock is read (the decoders return host arrays), and medians count.
+
+  interleaved         runs {name: fn} in turn `repeats` times; per-name results and seconds.
+  step_timer          seconds per model call inside a jitted loop (prefill and dispatch cancel).
+  measure_call_costs  ms per target call by width, per draft call, and the loop's own work.
+  modeled_latency_ms  ms per token of a decoding run from its counted calls and those costs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from distillspec import lookahead as sl
+from distillspec.decoding import generate
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """(fn(), seconds it took). fn must return host data (the decoders do: one device_get)."""
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def interleaved(
+    fns: Mapping[str, Callable[[], Any]], repeats: int
+) -> tuple[dict[str, list[Any]], dict[str, list[float]]]:
+    """Calls every fn once per repeat, in the mapping's order, `repeats` times.
+
+    Returns:
+      ({name: [result of each repeat]}, {name: [seconds of each repeat]}); callers take the
+      median of the seconds (or of per-repeat ratios).
+    """
+    results: dict[str, list[Any]] = {name: [] for name in fns}
+    seconds: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            result, t = timed(fn)
+            results[name].append(result)
+            seconds[name].append(t)
+    return results, seconds
+
+
+def megabytes(params: Any) -> float:
+    """Size of a parameter pytree in MB (10^6 bytes)."""
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)) / 1e6
+
+
+def step_timer(model, params, prompts, lengths, tokens_per_call: int, calls: int):
+    """A jitted loop of `calls` cache extensions of `tokens_per_call` tokens; returns a
+    zero-argument timer giving seconds per call (compiled before it is returned)."""
+    batch, prompt_len = prompts.shape
+    cache_length = prompt_len + tokens_per_call * calls + 1
+
+    @jax.jit
+    def run(params, prompts, lengths, num_calls):
+        cache, _, position = model.prefill(params, prompts, lengths, cache_length)
+        tokens = jnp.ones((batch, tokens_per_call), jnp.int32)
+
+        def body(i, carry):
+            cache, total = carry
+            logits, cache = model.extend(params, cache, tokens, position + i * tokens_per_call)
+            return cache, total + logits[:, -1, 0]
+
+        return jax.lax.fori_loop(0, num_calls, body, (cache, jnp.zeros((batch,))))[1]
+
+    def seconds_per_call() -> float:
+        # Difference of a long and a short loop: prefill and dispatch cancel out.
+        times = []
+        for n in (calls, 1):
+            start = time.perf_counter()
+            run(params, prompts, lengths, n).block_until_ready()
+            times.append(time.perf_counter() - start)
+        return (times[0] - times[1]) / (calls - 1)
+
+    seconds_per_call()  # Compiles.
+    return seconds_per_call
+
+
+def measure_call_costs(
+    target,
+    target_params,
+    draft,
+    draft_params,
+    prompt: tuple[np.ndarray, np.ndarray],
+    widths: Iterable[int],
+    *,
+    max_new_tokens: int,
+    repeats: int = 5,
+) -> dict[str, Any]:
+    """Measured milliseconds per model call at batch 1, for `modeled_latency_ms`.
+
+    Returns:
+      {'target': {w: one target call scoring w positions}, 'draft': {1: .., 2: ..},
+       'round': the decoding loop's own work per step (plain ms/token - target[1], >= 0)}.
+    Each figure is the median of `repeats` timings of a jitted loop of calls (`step_timer`).
+    """
+    tokens, lengths = prompt
+
+    def per_call(model, params, width):
+        timer = step_timer(model, params, tokens, lengths, width, calls=16)
+        return 1e3 * statistics.median(timer() for _ in range(repeats))
+
+    costs = {
+        "target": {w: per_call(target, target_params, w) for w in sorted(set(widths) | {1})},
+        "draft": {w: per_call(draft, draft_params, w) for w in (1, 2)},
+    }
+    plain = lambda: generate(target, target_params, tokens, lengths, max_new_tokens=max_new_tokens)
+    result = plain()
+    seconds = statistics.median(interleaved({"plain": plain}, repeats)[1]["plain"])
+    per_token = 1e3 * seconds / max(int(result.lengths.sum()), 1)
+    costs["round"] = max(per_token - costs["target"][1], 0.0)
+    return costs
+
+
+def modeled_latency_ms(
+    policy: sl.Lookahead | None, sl_histogram: Sequence[int], draft_calls: int, tokens: int,
+    costs: Mapping[str, Any],
+) -> float:  # fmt: skip
+    """ms per token from counted calls and measured call costs (`measure_call_costs`).
+
+    Each round costs the target call at the width the decoder used (`verify_widths`) plus the
+    loop's per-round work; each draft call costs a draft step (the first of a round scores 2
+    positions). Deterministic for greedy decoding, so it ranks policies without the timing noise
+    of a shared machine; the measured latency is reported beside it.
+    """
+    widths = sl.verify_widths(policy) if policy else (1,)
+    total = 0.0
+    for drafts, rounds in enumerate(sl_histogram):
+        if rounds:
+            width = min(w for w in widths if w >= drafts + 1)
+            total += rounds * (costs["target"][width] + costs["round"])
+    if policy:
+        rounds = int(np.sum(sl_histogram))
+        total += rounds * costs["draft"][2] + (draft_calls - rounds) * costs["draft"][1]
+    return total / max(tokens, 1)

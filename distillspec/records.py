@@ -1,0 +1,96 @@
+"""records.jsonl and other run outputs: JSONL append/read, atomic writes, canonical names.
+
+Evaluation appends one JSON object per line (`append_records`); `distillspec.tables` reads them
+back (`read_jsonl`) to format tables, as `distillspec.metrics` does for metrics.jsonl. A file
+cut short by a kill keeps every complete line: a torn last line is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+RECORDS_FILE = "records.jsonl"
+
+# Lookahead policy names (DISCO Table 1 order); 'static-<k>' stands for static-1, static-2, ...
+POLICY_NAMES = ("static-<k>", "static-opt", "heuristic", "confidence", "disco", "oracle")
+# Policies whose settings come from a draft's validation tuning (python -m distillspec.disco).
+TUNED_POLICIES = ("static-opt", "confidence", "disco")
+# The plain target, measured beside every set of policies.
+TARGET_POLICY = "target"
+
+
+def policy_list(static_sl: Iterable[int]) -> list[str]:
+    """Every policy of DISCO Table 1: static-<k> for each k, then the named policies."""
+    return [f"static-{k}" for k in static_sl] + [p for p in POLICY_NAMES if p != "static-<k>"]
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Calls write(temporary path) in path's directory, then renames it to path, so a reader
+    never sees a half-written file and an interruption leaves the old one."""
+    path = os.fspath(path)
+    directory, name = os.path.dirname(path) or ".", os.path.basename(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes text to path atomically (`write_atomic`)."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    write_atomic(path, write)
+
+
+def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> None:
+    """Replaces path with one JSON object per line, atomically."""
+    write_text_atomic(path, "".join(json.dumps(dict(r)) + "\n" for r in records))
+
+
+def append_records(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> None:
+    """Appends one JSON object per line to path (parent directories are created)."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(dict(record), sort_keys=False) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every JSON object of a JSONL file, in file order, tolerating a torn last line.
+
+    Raises:
+      ValueError: naming file and line, for an unparseable line that is not the torn last one.
+    """
+    path = os.fspath(path)
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    # A complete file ends with "\n", so a non-empty last piece is a line cut short.
+    torn = lines.pop()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number} is not a JSON object: {line[:200]!r}") from e
+    if torn.strip():
+        try:  # A complete object without the final newline (a hand-made file) still counts.
+            records.append(json.loads(torn))
+        except json.JSONDecodeError:
+            logging.warning("Ignoring a torn last line in %s: %r", path, torn[:200])
+    return records

@@ -1,0 +1,103 @@
+"""The evaluation run function: drafts against a target over eval sets, a grid and policies.
+
+    python -m distillspec.evaluate --gin_file=runs/evaluate.gin --gin.OUTPUT_DIR=\"DIR\" \
+        --gin.TARGET_CHECKPOINT=\"HF_DIR\" --gin.DRAFTS="{'standard': 'HF_DIR', ...}"
+
+Registered for gin as `distillspec.evaluate.evaluate` by `distillspec.gin_setup`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from distillspec import tables
+from distillspec.disco import storage
+from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
+from distillspec.evaluation.policies import evaluate_policies, resolve_policies
+from distillspec.models import from_pretrained
+from distillspec.records import RECORDS_FILE, TUNED_POLICIES, append_records
+from distillspec.runs.common import open_run, prompt_sets
+
+
+def _with_classifiers(models, drafts, policies) -> dict[str, tuple]:
+    """{name: (model, params, DISCO classifier or None, tuning or None)} for `evaluate_policies`:
+    the tuned policies read the classifier and tuning saved beside each draft."""
+    out = {}
+    for name, (draft, draft_params) in models.items():
+        classifier = tuning = None
+        if any(p in TUNED_POLICIES for p in policies):
+            classifier, metadata = storage.load_classifier(
+                storage.classifier_dir(drafts[name]), draft, draft_params
+            )
+            tuning = metadata.get("tuning")
+        out[name] = (draft, draft_params, classifier, tuning)
+    return out
+
+
+def evaluate(
+    output_dir: str,
+    target_checkpoint: str,
+    drafts: Mapping[str, str],
+    eval_sets: Sequence[tuple[str, str]] = (("stdlib_code", "test"), ("humaneval", "test")),
+    task_feature_lengths: Mapping[str, int] = {"inputs": 64, "targets": 64},  # noqa: B006
+    num_prompts: int = 64,
+    batch_size: int = 16,
+    gammas: Sequence[int] = (3, 5, 7),
+    temperatures: Sequence[float] = (0.0, 1.0),
+    timing_repeats: int = 1,
+    seed: int = 0,
+    vocabulary: str = "sentencepiece",
+    tfds_data_dir: str | None = None,
+    policies: Sequence[str] = (),
+    heuristic_sl_max: int = 8,
+    heuristic_start: int = 5,
+    oracle_sl_max: int = 64,
+) -> list[dict[str, Any]]:
+    """Evaluates drafts (Hugging Face directories) against a target over eval sets and a grid.
+
+    Appends one record per (eval set, draft, gamma, temperature) to OUTPUT_DIR/records.jsonl
+    (none if gammas is empty), and with `policies` one record per (eval set, draft, policy):
+    the lookahead policy axis, timed at batch 1 (see `evaluation.policies`; the tuned policies
+    read `<draft>/disco/`, written by python -m distillspec.disco). Then writes table.md,
+    table.csv, tau_vs_gamma.png (and disco_table.md, oracle_sl_hist.png) and prints the tables.
+    """
+    if not gammas and not policies:
+        raise ValueError("nothing to evaluate: gammas and policies are both empty")
+    # Bad grid values and policy names fail before anything is loaded.
+    grid = None
+    if gammas:
+        grid = GridConfig(
+            gammas=tuple(gammas), temperatures=tuple(temperatures),
+            max_new_tokens=task_feature_lengths["targets"], timing_repeats=timing_repeats,
+            seed=seed,
+        )  # fmt: skip
+    resolve_policies(
+        [p for p in policies if p not in TUNED_POLICIES], heuristic_sl_max=heuristic_sl_max,
+        heuristic_start=heuristic_start, oracle_sl_max=oracle_sl_max,
+    )  # fmt: skip
+    vocab, target, target_params = open_run(
+        "evaluate", output_dir, target_checkpoint, drafts, vocabulary, tfds_data_dir
+    )
+    models = {name: from_pretrained(path) for name, path in drafts.items()}
+    records_path = os.path.join(output_dir, RECORDS_FILE)
+    sets = prompt_sets(eval_sets, task_feature_lengths, num_prompts, batch_size)
+    records = []
+    for (task, split), batches in sets.items() if grid else ():
+        new = evaluate_drafts(
+            target, target_params, models, batches, grid, eos_id=vocab.eos_id, task=task,
+            split=split,
+        )  # fmt: skip
+        append_records(records_path, new)
+        records += new
+    if policies:
+        records += evaluate_policies(
+            target, target_params, _with_classifiers(models, drafts, policies), sets, policies,
+            num_prompts=num_prompts, max_new_tokens=task_feature_lengths["targets"],
+            eos_id=vocab.eos_id, records_path=records_path, timing_repeats=timing_repeats,
+            heuristic_sl_max=heuristic_sl_max, heuristic_start=heuristic_start,
+            oracle_sl_max=oracle_sl_max,
+        )  # fmt: skip
+    print(tables.format_report(records_path, output_dir))
+    return records
