@@ -1,0 +1,81 @@
+"""Every run type end to end through its command line, on the tiny configs in configs/tests/.
+
+The tiny quickstart trains a byte-vocabulary target and draft and distils the draft (seconds);
+its exports then feed `python -m distillspec.evaluate` and `python -m distillspec.disco`.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import gin
+import pytest
+
+from distillspec import gin_setup, quickstart, records
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "tests"
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+@pytest.fixture(scope="module")
+def tiny_quickstart(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quickstart")
+    gin.clear_config()
+    made = quickstart.main([f"--output_dir={out}", f"--gin_file={CONFIGS / 'tiny_quickstart.gin'}"])
+    gin.clear_config()
+    return out, made
+
+
+def _flags(out, quickstart_dir) -> list[str]:
+    drafts = {"standard": str(quickstart_dir / "draft" / "export")}
+    return [
+        f"--gin.OUTPUT_DIR={out}",
+        f"--gin.TARGET_CHECKPOINT={quickstart_dir / 'target' / 'export'}",
+        f"--gin.DRAFTS={json.dumps(drafts)}",
+    ]
+
+
+def test_tiny_quickstart(tiny_quickstart):
+    out, made = tiny_quickstart
+    # 2 drafts x 1 gamma x 2 temperatures on one eval set, all appended to records.jsonl.
+    assert {(r["draft"], r["temperature"]) for r in made} == {
+        (d, t) for d in ("standard", "distilled") for t in (0.0, 1.0)
+    }
+    assert records.read_jsonl(out / "records.jsonl") == made
+    for stage in ("target", "draft", "distilled"):
+        assert (out / stage / "export" / "config.json").is_file()
+        assert "TransformerConfig.embed_dim" in (out / stage / "config.gin").read_text()
+    assert "τ with distillation" in (out / "table.md").read_text()
+
+
+def test_tiny_evaluate_cli(tiny_quickstart, tmp_path):
+    made = gin_setup.main(
+        "evaluate",
+        [f"--gin_file={CONFIGS / 'tiny_evaluate.gin'}", *_flags(tmp_path, tiny_quickstart[0])],
+    )
+    grid = [r for r in made if "gamma" in r]
+    policies = [r["policy"] for r in made if "policy" in r]
+    assert sorted(r["gamma"] for r in grid) == [1, 3] and all(r["num_prompts"] == 4 for r in grid)
+    assert policies == ["target", "static-2", "heuristic", "oracle"]
+    assert all(r["exact"] for r in made if "policy" in r)
+    assert records.read_jsonl(tmp_path / "records.jsonl") == made
+    assert (tmp_path / "disco_table.md").is_file() and (tmp_path / "table.md").is_file()
+
+
+def test_tiny_disco_cli(tiny_quickstart, tmp_path):
+    made = gin_setup.main(
+        "disco", [f"--gin_file={CONFIGS / 'tiny_disco.gin'}", *_flags(tmp_path, tiny_quickstart[0])]
+    )
+    expected = ["target", "static-1", "static-2", "static-opt", "heuristic", "confidence", "disco"]
+    assert [r["policy"] for r in made] == [*expected, "oracle"]
+    assert all(r["exact"] for r in made)
+    classifier = tiny_quickstart[0] / "draft" / "export" / "disco" / "classifier.json"
+    assert json.loads(classifier.read_text())["tuning"]["static_opt"] in (1, 2)
+    assert "F1 DISCO" in (tmp_path / "disco_f1.md").read_text()
