@@ -330,7 +330,9 @@ def shared_vocab_size(target, draft, vocab_size: int | None) -> int:
     return vocab_size
 
 
-def _check_prompt(prompt_tokens, prompt_lengths) -> tuple[jax.Array, jax.Array]:
+def _check_prompt(prompt_tokens, prompt_lengths, num_ids: int) -> tuple[jax.Array, jax.Array]:
+    """Shapes, lengths in [1, P], and ids of the real prompt tokens in [0, num_ids) (an id past
+    an embedding reads garbage, NaN on some backends, and every metric after it is wrong)."""
     prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
     prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
     if prompt_tokens.ndim != 2 or prompt_lengths.shape != prompt_tokens.shape[:1]:
@@ -344,6 +346,16 @@ def _check_prompt(prompt_tokens, prompt_lengths) -> tuple[jax.Array, jax.Array]:
             raise ValueError(
                 f"prompt_lengths must be in [1, {prompt_tokens.shape[1]}], got {lengths.tolist()}"
             )
+    if not isinstance(prompt_tokens, jax.core.Tracer):
+        tokens = np.asarray(prompt_tokens)
+        real = np.arange(tokens.shape[1]) < np.asarray(prompt_lengths)[:, None]
+        bad = real & ((tokens < 0) | (tokens >= num_ids))
+        if bad.any():
+            row, col = (int(i[0]) for i in np.nonzero(bad))
+            raise ValueError(
+                f"prompt token id {int(tokens[row, col])} (row {row}, position {col}) is outside "
+                f"the models' embeddings [0, {num_ids}): the tokenizer does not match the models"
+            )
     return prompt_tokens, prompt_lengths
 
 
@@ -352,7 +364,8 @@ def _run(
 ):
     if not (isinstance(spec.max_new_tokens, int) and spec.max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {spec.max_new_tokens!r}")
-    prompt_tokens, prompt_lengths = _check_prompt(prompt_tokens, prompt_lengths)
+    sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
+    prompt_tokens, prompt_lengths = _check_prompt(prompt_tokens, prompt_lengths, min(sizes))
     rng = jax.random.PRNGKey(0) if rng is None else rng
     fn = _compiled(target, draft, spec)
     out = fn(target_params, draft_params, prompt_tokens, prompt_lengths, rng, inputs)

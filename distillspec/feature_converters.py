@@ -34,8 +34,11 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 class _BatchBuilder:
     """Accumulates examples into fixed-shape numpy arrays."""
 
-    def __init__(self, batch_size: int, prompt_length: int, completion_length: int):
+    def __init__(
+        self, batch_size: int, prompt_length: int, completion_length: int, bos_id: int | None
+    ):
         self.shape = (batch_size, prompt_length, completion_length)
+        self.bos_id = bos_id
         self.reset()
 
     def reset(self) -> None:
@@ -48,7 +51,10 @@ class _BatchBuilder:
 
     def add(self, prompt: np.ndarray, completion: np.ndarray) -> None:
         _, p, n = self.shape
-        prompt = prompt[len(prompt) - p :] if len(prompt) > p else prompt  # Keep the prompt's end.
+        if len(prompt) > p:  # Keep the prompt's end (and its BOS, which the model expects first).
+            keep_bos = self.bos_id is not None and prompt[0] == self.bos_id and p > 1
+            tail = prompt[len(prompt) - p + keep_bos :]
+            prompt = np.concatenate([prompt[:1], tail]) if keep_bos else tail
         completion = completion[:n]
         self.prompt[self.rows, : len(prompt)] = prompt
         self.completion[self.rows, : len(completion)] = completion
@@ -90,6 +96,7 @@ def prompt_batches(
     drop_remainder: bool = False,
     shuffle_buffer: int = 10_000,
     lm_prompt_tokens: int = 8,
+    bos_id: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Yields fixed-shape numpy batches of prompts and reference completions.
 
@@ -109,6 +116,7 @@ def prompt_batches(
       drop_remainder: drop a final partial batch instead of padding it with invalid rows.
       shuffle_buffer: tf.data shuffle buffer size.
       lm_prompt_tokens: prompt size for targets-only tasks.
+      bos_id: a prompt starting with this id keeps it when truncated from the left.
 
     Yields:
       {'prompt_tokens': [B, P] int32, 'prompt_lengths': [B] int32,
@@ -120,7 +128,7 @@ def prompt_batches(
     task = seqio.get_mixture_or_task(task_name)
     if split not in task.splits:
         raise ValueError(f"Task {task_name!r} has no split {split!r}; splits: {task.splits}")
-    builder = _BatchBuilder(batch_size, prompt_length, completion_length)
+    builder = _BatchBuilder(batch_size, prompt_length, completion_length, bos_id)
     epoch = 0
     while num_epochs is None or epoch < num_epochs:
         ds = _tokenized_dataset(task, split, seed)

@@ -22,8 +22,9 @@ from typing import Any
 
 import gin
 
-from distillspec import datagen, trainer
+from distillspec import datagen, tasks, trainer
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
+from distillspec.models.drafts import DraftSpec
 from distillspec.runs import disco, evaluate, quickstart, train
 from distillspec.sampling import SamplingConfig
 
@@ -52,6 +53,9 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
     for cls in (trainer.LoopConfig, trainer.LossConfig, trainer.OptimizerConfig):
         gin.external_configurable(cls, module="distillspec.trainer")
     gin.external_configurable(datagen.DataMixture, module="distillspec.datagen")
+    gin.external_configurable(DraftSpec, module="distillspec.models")
+    for cls in (tasks.FileTask, tasks.TfdsTaskSpec):
+        gin.external_configurable(cls, module="distillspec.tasks")
     gin.external_configurable(SamplingConfig, module="distillspec.sampling")
     return runs
 

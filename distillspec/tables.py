@@ -39,8 +39,10 @@ HEADERS = {
     "split": "Split",
     "temperature": "Temp",
     "gamma": "γ",
+    "alpha_baseline": "α w/o distillation",
     "tau_baseline": "τ w/o distillation",
     "speedup_baseline": "Speed-up w/o distillation",
+    "alpha_distilled": "α with distillation",
     "tau_distilled": "τ with distillation",
     "speedup_distilled": "Speed-up with distillation",
     "tau_improvement_pct": "Δτ (%)",
@@ -121,11 +123,12 @@ def records_to_table(
     """Rows of the Table C.1 layout, one per (task, split, temperature, gamma), sorted; policy
     records (see `policy_table`) are ignored.
 
-    If drafts named `baseline` and `distilled` both occur, each row holds tau_baseline,
-    speedup_baseline, tau_distilled, speedup_distilled, tau_improvement_pct
-    (100 * (tau_distilled / tau_baseline - 1)) and speedup_difference (distilled - baseline);
-    any other drafts follow as tau[name] / speedup[name] columns. Otherwise every draft gets its
-    own tau[name] / speedup[name] columns. A value missing at a grid point is None.
+    If drafts named `baseline` and `distilled` both occur, each row holds alpha_baseline,
+    tau_baseline, speedup_baseline, alpha_distilled, tau_distilled, speedup_distilled,
+    tau_improvement_pct (100 * (tau_distilled / tau_baseline - 1)) and speedup_difference
+    (distilled - baseline); any other drafts follow as alpha[name] / tau[name] / speedup[name]
+    columns. Otherwise every draft gets its own alpha[name] / tau[name] / speedup[name] columns
+    (Table C.1 has both alpha and tau). A value missing at a grid point is None.
     """
     groups = _latest(records)
     names = sorted({name for drafts in groups.values() for name in drafts})
@@ -139,14 +142,17 @@ def records_to_table(
             tau_b, tau_d = _metric(base, "tau"), _metric(dist, "tau")
             speed_b, speed_d = _metric(base, "speedup"), _metric(dist, "speedup")
             row.update(
+                alpha_baseline=_metric(base, "alpha"),
                 tau_baseline=tau_b,
                 speedup_baseline=speed_b,
+                alpha_distilled=_metric(dist, "alpha"),
                 tau_distilled=tau_d,
                 speedup_distilled=speed_d,
                 tau_improvement_pct=_ratio_pct(tau_d, tau_b),
                 speedup_difference=_difference(speed_d, speed_b),
             )
         for name in others:
+            row[f"alpha[{name}]"] = _metric(drafts.get(name), "alpha")
             row[f"tau[{name}]"] = _metric(drafts.get(name), "tau")
             row[f"speedup[{name}]"] = _metric(drafts.get(name), "speedup")
         rows.append(row)
@@ -227,6 +233,12 @@ def _columns(rows: Sequence[Row]) -> list[str]:
     return columns
 
 
+def _header(key: str) -> str:
+    """Markdown header of a column: 'tau[fkl]' reads 'τ fkl'."""
+    metric, _, name = key.rstrip("]").partition("[")
+    return f"{HEADERS.get(metric, metric)} {name}" if name else HEADERS.get(key, key)
+
+
 def _format_cell(key: str, value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
@@ -242,6 +254,8 @@ def _format_cell(key: str, value: Any) -> str:
         return f"{value:+.2f}"
     if key.startswith("speedup"):
         return f"{value:.2f}×"
+    if key.startswith(("alpha_", "alpha[")) and isinstance(value, float):
+        return f"{value:.3f}"
     if isinstance(value, float):
         return f"{value:.2f}"
     return str(value)
@@ -253,7 +267,7 @@ def to_markdown(rows: Sequence[Row]) -> str:
         return ""
     columns = _columns(rows)
     lines = [
-        "| " + " | ".join(HEADERS.get(c, c) for c in columns) + " |",
+        "| " + " | ".join(_header(c) for c in columns) + " |",
         "|" + "|".join("---" if c in _TEXT_COLUMNS else "---:" for c in columns) + "|",
     ]
     for row in rows:

@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 
 import seqio
@@ -57,6 +60,21 @@ def _output_features(
 
 
 _TOKENIZE = (seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim)
+
+
+def _prepend_bos(bos_id: int):
+    """A preprocessor putting BOS before the prompt (`inputs`, else the start of `targets`)."""
+
+    @seqio.map_over_dataset
+    def prepend(ex):
+        key = "inputs" if "inputs" in ex else "targets"
+        return {**ex, key: tf.concat([tf.constant([bos_id], ex[key].dtype), ex[key]], 0)}
+
+    return prepend
+
+
+def _preprocessors(bos_id: int | None) -> list:
+    return [*_TOKENIZE[:1], *([_prepend_bos(bos_id)] if bos_id is not None else []), *_TOKENIZE[1:]]
 
 
 def _replace_task(name: str, **kwargs) -> str:
@@ -90,6 +108,7 @@ def register_text_task(
     *,
     with_inputs: bool = True,
     inputs_eos: bool = False,
+    bos_id: int | None = None,
 ) -> str:
     """Registers a task over in-memory strings (also the way tests build tiny tasks).
 
@@ -101,6 +120,7 @@ def register_text_task(
       vocabulary: tokenizes `inputs` and `targets`.
       with_inputs: whether the task has a prompt feature `inputs`.
       inputs_eos: append EOS to `inputs` (encoder-decoder convention).
+      bos_id: prepend this id to every prompt (None: nothing).
 
     Returns:
       The task name.
@@ -109,7 +129,7 @@ def register_text_task(
     return _replace_task(
         name,
         source=source,
-        preprocessors=list(_TOKENIZE),
+        preprocessors=_preprocessors(bos_id),
         output_features=_output_features(vocabulary, with_inputs, inputs_eos),
     )
 
@@ -178,6 +198,7 @@ TFDS_TASKS: dict[str, TfdsTaskSpec] = {
     "gsm8k": TfdsTaskSpec("gsm8k:1.0.0", ("train", "test"), "question", "answer"),
     "lm1b": TfdsTaskSpec("lm1b:1.1.0", ("train", "test"), None, "text"),
 }
+BUILTIN_TASKS = ("stdlib_code", "stdlib_lm", "humaneval", *TFDS_TASKS)
 
 
 def missing_data_message(tfds_name: str, data_dir: str | None) -> str:
@@ -240,6 +261,7 @@ def register_tfds_task(
     vocabulary: seqio.Vocabulary,
     tfds_data_dir: str | None = None,
     inputs_eos: bool = False,
+    bos_id: int | None = None,
 ) -> str:
     """Registers one TFDS-backed task (lazy: no data is touched until a dataset is requested)."""
     source = CheckedTfdsDataSource(
@@ -251,7 +273,7 @@ def register_tfds_task(
     return _replace_task(
         name,
         source=source,
-        preprocessors=[rekey, *_TOKENIZE],
+        preprocessors=[rekey, *_preprocessors(bos_id)],
         output_features=_output_features(vocabulary, spec.inputs_key is not None, inputs_eos),
     )
 
@@ -263,8 +285,10 @@ def register_tasks(
     max_files: int | None = None,
     cache_dir: str | os.PathLike | None = None,
     inputs_eos: bool = False,
+    bos_id: int | None = None,
 ) -> list[str]:
-    """Registers every task (see the module docstring); safe to call again (tasks are replaced).
+    """Registers every built-in task (see the module docstring); safe to call again (tasks are
+    replaced).
 
     Args:
       vocabulary: a `seqio.Vocabulary`, or a name for `get_vocabulary`.
@@ -273,13 +297,16 @@ def register_tasks(
         library files only, for fast tests.
       cache_dir: SentencePiece model cache; defaults to `default_cache_dir()`.
       inputs_eos: append EOS to prompts (encoder-decoder models).
+      bos_id: prepend this id to prompts (tokenizers whose post-processor adds BOS).
 
     Returns:
       The registered task names.
     """
     if isinstance(vocabulary, str):
         vocabulary = get_vocabulary(vocabulary, cache_dir=cache_dir, max_files=max_files)
-    text = functools.partial(register_text_task, vocabulary=vocabulary, inputs_eos=inputs_eos)
+    text = functools.partial(
+        register_text_task, vocabulary=vocabulary, inputs_eos=inputs_eos, bos_id=bos_id
+    )
     names = [
         text("stdlib_code", functools.partial(_code_columns, max_files), corpus.SPLITS),
         text(
@@ -291,5 +318,199 @@ def register_tasks(
         text("humaneval", _humaneval_columns, ("test",)),
     ]
     for name, spec in TFDS_TASKS.items():
-        names.append(register_tfds_task(name, spec, vocabulary, tfds_data_dir, inputs_eos))
+        names.append(register_tfds_task(name, spec, vocabulary, tfds_data_dir, inputs_eos, bos_id))
     return names
+
+
+# ----------------------------------------------------------------------------------------------
+# A user's data: local JSONL / text files, any TFDS data set.
+
+SPLIT_NAMES = ("train", "validation", "test")
+FILE_SUFFIXES = (".jsonl", ".txt")
+
+
+@dataclasses.dataclass(frozen=True)
+class FileTask:
+    """A task over local files. A task name that is a path means FileTask(path).
+
+    JSONL: one object per line with the prompt under `prompt_key` and, optionally, the reference
+    completion under `completion_key` (prompts-only files serve teacher- and student-generated
+    data). Text (.txt): language-model data, one example per block of lines separated by a
+    blank line (the first tokens are the prompt). A directory holds one file per split
+    (train.jsonl, validation.jsonl, test.jsonl, or .txt); a single file is split by a stable
+    hash of each example.
+    """
+
+    path: str  # A .jsonl or .txt file, or a directory of {train,validation,test}.{jsonl,txt}.
+    prompt_key: str = "prompt"  # JSONL key of the prompt.
+    completion_key: str = "completion"  # JSONL key of the reference completion (optional).
+    validation_percent: int = 5  # Share of a single file's examples in 'validation' (by hash).
+    test_percent: int = 5  # Share of a single file's examples in 'test' (by hash).
+
+    def __post_init__(self):
+        for name in ("validation_percent", "test_percent"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and 0 <= value <= 100):
+                raise ValueError(f"FileTask.{name} must be an integer in [0, 100], got {value!r}")
+        if self.validation_percent + self.test_percent > 100:
+            raise ValueError("FileTask.validation_percent + test_percent must be <= 100")
+
+    def files(self) -> dict[str, str]:
+        """{split: file}; a single file maps to '' (split by hash)."""
+        path = os.fspath(self.path)
+        if os.path.isfile(path):
+            if not path.endswith(FILE_SUFFIXES):
+                raise ValueError(f"data file {path!r} must end with one of {FILE_SUFFIXES}")
+            return {"": path}
+        if os.path.isdir(path):
+            found = {
+                split: os.path.join(path, split + suffix)
+                for split in SPLIT_NAMES
+                for suffix in FILE_SUFFIXES
+                if os.path.isfile(os.path.join(path, split + suffix))
+            }
+            if found:
+                return found
+            raise FileNotFoundError(
+                f"data directory {path!r} holds none of "
+                f"{[s + x for s in SPLIT_NAMES for x in FILE_SUFFIXES]}"
+            )
+        raise FileNotFoundError(f"data path {path!r} does not exist")
+
+    @property
+    def name(self) -> str:
+        """The seqio name it is registered under (a digest of its settings)."""
+        digest = hashlib.sha256(repr(self).encode()).hexdigest()[:8]
+        base = re.sub(r"[^\w.]", "_", os.path.basename(os.path.normpath(self.path)))
+        return f"file:{base}#{digest}"
+
+
+def _jsonl_examples(path: str, task: FileTask) -> list[dict[str, str]]:
+    """{'inputs', 'targets'} per line (targets '' for a prompts-only file)."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{number} is not a JSON object: {e}") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get(task.prompt_key), str):
+                raise ValueError(
+                    f"{path}:{number} has no string under the prompt key "
+                    f"{task.prompt_key!r} (FileTask.prompt_key); keys: {sorted(obj)[:10]}"
+                    if isinstance(obj, dict)
+                    else f"{path}:{number} is not a JSON object"
+                )
+            rows.append((number, obj))
+    with_completion = [n for n, obj in rows if task.completion_key in obj]
+    if with_completion and len(with_completion) != len(rows):
+        missing = next(n for n, obj in rows if task.completion_key not in obj)
+        raise ValueError(
+            f"{path}:{missing} lacks the completion key {task.completion_key!r} that other lines "
+            "have (FileTask.completion_key); give it on every line or on none (prompts only)"
+        )
+    return [
+        {"inputs": obj[task.prompt_key], "targets": str(obj.get(task.completion_key, ""))}
+        for _, obj in rows
+    ]
+
+
+def _text_examples(path: str) -> list[dict[str, str]]:
+    with open(path, encoding="utf-8") as f:
+        blocks = re.split(r"\n\s*\n", f.read())
+    return [{"targets": block.strip("\n")} for block in blocks if block.strip()]
+
+
+def _hash_split(example: Mapping[str, str], task: FileTask) -> str:
+    text = example.get("inputs", example["targets"])
+    bucket = int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:8], 16) % 100
+    if bucket < task.test_percent:
+        return "test"
+    return "validation" if bucket < task.test_percent + task.validation_percent else "train"
+
+
+@functools.lru_cache(maxsize=16)
+def read_file_task(task: FileTask) -> dict[str, dict[str, list[str]]]:
+    """{split: {'inputs'?, 'targets': [str]}} of a FileTask (every split present).
+
+    Raises:
+      ValueError: an empty file, a line that is not JSON or lacks the prompt key (the line is
+        named), completions on some lines only.
+    """
+    splits: dict[str, list[dict[str, str]]] = {}
+    for split, path in task.files().items():
+        examples = _jsonl_examples(path, task) if path.endswith(".jsonl") else _text_examples(path)
+        if not examples:
+            raise ValueError(f"data file {path!r} holds no examples")
+        if split:
+            splits[split] = examples
+        else:
+            for ex in examples:
+                splits.setdefault(_hash_split(ex, task), []).append(ex)
+    keys = {tuple(sorted(ex)) for rows in splits.values() for ex in rows}
+    if len(keys) > 1:
+        raise ValueError(f"{task.path!r}: every split must be JSONL or every split text")
+    (columns,) = keys
+    return {
+        split: {c: [ex[c] for ex in splits.get(split, [])] for c in columns}
+        for split in SPLIT_NAMES
+    }
+
+
+def has_completions(task: FileTask) -> bool:
+    """Whether a FileTask gives reference completions (False: prompts only)."""
+    data = read_file_task(task)
+    rows = [t for split in data.values() for t in split["targets"]]
+    return "inputs" not in data["train"] or any(t for t in rows)
+
+
+def as_task(task: str | FileTask | TfdsTaskSpec) -> str | FileTask | TfdsTaskSpec:
+    """A built-in (or already registered seqio) task name as is; a path (.jsonl, .txt or a
+    directory) as FileTask(path), its files read and checked.
+
+    Raises:
+      ValueError: an unknown name, listing the built-in tasks and the other forms.
+    """
+    if isinstance(task, FileTask):
+        read_file_task(task)
+        return task
+    if isinstance(task, TfdsTaskSpec):
+        return task
+    if not isinstance(task, str):
+        raise ValueError(f"a task is a name, a path or a FileTask/TfdsTaskSpec, got {task!r}")
+    if task in BUILTIN_TASKS or task in seqio.TaskRegistry.names():  # Or registered in Python.
+        return task
+    if task.endswith(FILE_SUFFIXES) or os.path.isdir(task):
+        read_file_task(FileTask(task))  # Bad files fail here, before any model is loaded.
+        return FileTask(task)
+    raise ValueError(
+        f"unknown task {task!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}; or a path to a "
+        ".jsonl / .txt file or a directory of {train,validation,test}.{jsonl,txt} (FileTask), "
+        "or @TfdsTaskSpec() for any TFDS data set in --tfds_data_dir"
+    )
+
+
+def register_task(
+    task: str | FileTask | TfdsTaskSpec,
+    vocabulary: seqio.Vocabulary,
+    *,
+    tfds_data_dir: str | None = None,
+    inputs_eos: bool = False,
+    bos_id: int | None = None,
+) -> str:
+    """Registers the built-in tasks and `task` with this encoding; returns `task`'s seqio name."""
+    task = as_task(task)
+    register_tasks(vocabulary, tfds_data_dir=tfds_data_dir, inputs_eos=inputs_eos, bos_id=bos_id)
+    if isinstance(task, str):
+        return task
+    if isinstance(task, TfdsTaskSpec):
+        name = "tfds_" + re.sub(r"[^\w]", "_", task.tfds_name)
+        return register_tfds_task(name, task, vocabulary, tfds_data_dir, inputs_eos, bos_id)
+    columns = read_file_task(task)
+    with_inputs = "inputs" in columns["train"]
+    return register_text_task(
+        task.name, lambda: columns, SPLIT_NAMES, vocabulary, with_inputs=with_inputs,
+        inputs_eos=inputs_eos, bos_id=bos_id,
+    )  # fmt: skip

@@ -7,10 +7,13 @@ fallback and whitespace and newlines kept exactly, cached on disk under `default
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
+import json
 import os
 import pathlib
+import shutil
 import tempfile
 from collections.abc import Sequence
 
@@ -128,3 +131,293 @@ def get_vocabulary(
     texts = corpus.code_training_text(corpus.build_code_corpus(max_files=max_files))
     path = train_sentencepiece(texts, cache_dir=cache_dir, vocab_size=vocab_size)
     return seqio.SentencePieceVocabulary(str(path))
+
+
+# ----------------------------------------------------------------------------------------------
+# A user's tokenizer: Hugging Face tokenizer.json, a SentencePiece model, or a checkpoint's.
+
+# Files a checkpoint directory may hold its tokenizer in, in the order they are preferred.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model")
+# Files copied beside them into an export so that `AutoTokenizer.from_pretrained` works.
+TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+class HFTokenizerVocabulary(seqio.Vocabulary):
+    """A Hugging Face `tokenizer.json` (the `tokenizers` library) as a seqio vocabulary.
+
+    Text is encoded without the tokenizer's special tokens (prompt and completion are joined
+    by the pipeline, which adds BOS and EOS itself, see `Tokenizer`).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, eos_id: int | None, bos_id: int | None):
+        import tokenizers
+
+        self.path = os.fspath(path)
+        try:
+            self._tokenizer = tokenizers.Tokenizer.from_file(self.path)
+        except Exception as e:  # tokenizers raises a bare Exception for a malformed file.
+            raise ValueError(f"cannot read the tokenizer {self.path!r}: {e}") from None
+        self._eos_id, self._bos_id = eos_id, bos_id
+        super().__init__(extra_ids=0)
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._eos_id
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos_id
+
+    @property
+    def unk_id(self) -> int | None:
+        model = self._tokenizer.model
+        unk = getattr(model, "unk_token", None)
+        return self._tokenizer.token_to_id(unk) if unk else None
+
+    @property
+    def _base_vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def _encode(self, s: str) -> list[int]:
+        return self._tokenizer.encode(s, add_special_tokens=False).ids
+
+    def _decode(self, ids) -> str:
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def _encode_tf(self, s):
+        import tensorflow as tf
+
+        encode = lambda x: np.asarray(self._encode(x.numpy().decode("utf-8")), np.int32)
+        ids = tf.py_function(encode, [s], tf.int32)
+        ids.set_shape([None])
+        return ids
+
+    def _decode_tf(self, ids):
+        import tensorflow as tf
+
+        text = tf.py_function(lambda x: self._decode(x.numpy().tolist()), [ids], tf.string)
+        text.set_shape([])
+        return text
+
+    def prepends_bos(self) -> bool:
+        """Whether the tokenizer's own post-processor puts BOS first (as Llama's does)."""
+        with_special = self._tokenizer.encode("a", add_special_tokens=True).ids
+        return bool(self._bos_id is not None and with_special[:1] == [self._bos_id])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, HFTokenizerVocabulary) and (
+            self.path,
+            self._eos_id,
+            self._bos_id,
+        ) == (other.path, other._eos_id, other._bos_id)
+
+    def __hash__(self) -> int:
+        return hash((self.path, self._eos_id, self._bos_id))
+
+
+class _SentencePieceWithIds(seqio.SentencePieceVocabulary):
+    """A SentencePiece model whose EOS / BOS ids come from its checkpoint's config."""
+
+    def __init__(self, path: str, *, eos_id: int | None, bos_id: int | None):
+        super().__init__(path)
+        self._eos_override, self._bos_override = eos_id, bos_id
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._eos_override
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos_override
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer:
+    """A vocabulary with the special tokens the models were trained with.
+
+    The pipeline prepends `bos_id` to every prompt when `add_bos` (the tokenizer's own
+    post-processor would), ends completions with `eos_id`, pads with `pad_id` (masked
+    everywhere by lengths and weights), and ends encoder-decoder prompts with EOS.
+    """
+
+    vocabulary: seqio.Vocabulary
+    bos_id: int | None  # Beginning of sequence; None when the tokenizer has none.
+    eos_id: int | None  # End of sequence: completions end with it, decoding stops at it.
+    pad_id: int  # Padding id of the models' config (0 for T5 and the built-ins).
+    add_bos: bool  # Prepend BOS to prompts.
+    source: str  # Where it came from: a built-in name or a file.
+    files: tuple[tuple[str, str], ...] = ()  # (file, name in an export) to copy on export.
+
+    @property
+    def size(self) -> int:
+        """Number of ids the tokenizer can produce (every id < size)."""
+        return int(self.vocabulary.vocab_size)
+
+    @property
+    def prompt_bos(self) -> int | None:
+        """The id put before every prompt, or None."""
+        return self.bos_id if self.add_bos else None
+
+    @property
+    def special_ids(self) -> dict[str, int | None]:
+        """{'bos', 'eos', 'pad'} as a checkpoint's config states them."""
+        return {"bos": self.bos_id, "eos": self.eos_id, "pad": self.pad_id}
+
+    def save(self, directory: str) -> list[str]:
+        """Copies the tokenizer files into `directory` (an export), with a tokenizer_config.json
+        when the source has none, so that `transformers.AutoTokenizer` loads them.
+
+        Returns:
+          The names written ([] for the byte vocabulary, which has no file).
+        """
+        os.makedirs(directory, exist_ok=True)
+        written = []
+        for source, name in self.files:
+            shutil.copyfile(source, os.path.join(directory, name))
+            written.append(name)
+        if written and "tokenizer_config.json" not in written:
+            config = {
+                "tokenizer_class": "LlamaTokenizer" if written[0] == "tokenizer.model" else None,
+                "add_bos_token": self.add_bos, "add_eos_token": False, "legacy": False,
+                "add_prefix_space": False, "model_max_length": 1 << 20,
+            }  # fmt: skip
+            config = {k: v for k, v in config.items() if v is not None}
+            for key, value in (("bos", self.bos_id), ("eos", self.eos_id), ("pad", self.pad_id)):
+                if value is not None and value < self.size:
+                    config[f"{key}_token"] = self.vocabulary.decode([value]) or None
+            write = os.path.join(directory, "tokenizer_config.json")
+            with open(write, "w", encoding="utf-8") as f:
+                json.dump({k: v for k, v in config.items() if v is not None}, f, indent=2)
+            written.append("tokenizer_config.json")
+        return written
+
+    def describe(self) -> str:
+        """One line for the run's log and config.gin."""
+        bos = f"BOS {self.bos_id} prepended" if self.add_bos else f"BOS {self.bos_id} not added"
+        return (
+            f"tokenizer {self.source}: {self.size} ids; EOS {self.eos_id}, {bos}, pad {self.pad_id}"
+        )
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _first_id(*values) -> int | None:
+    """The first value that is set; a list (several EOS ids) gives its first element."""
+    for value in values:
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return None
+
+
+def checkpoint_special_ids(checkpoint: str | None) -> dict[str, int | None]:
+    """{'bos', 'eos', 'pad'} ids of a checkpoint directory's generation_config.json, else its
+    config.json (None where neither says)."""
+    if not checkpoint:
+        return {"bos": None, "eos": None, "pad": None}
+    config = _read_json(os.path.join(checkpoint, "config.json"))
+    generation = _read_json(os.path.join(checkpoint, "generation_config.json"))
+    return {
+        name: _first_id(generation.get(f"{name}_token_id"), config.get(f"{name}_token_id"))
+        for name in ("bos", "eos", "pad")
+    }
+
+
+def _tokenizer_file(directory: str) -> str | None:
+    for name in TOKENIZER_FILES:
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def load_tokenizer(spec: str | seqio.Vocabulary | None, checkpoint: str | None = None) -> Tokenizer:
+    """The tokenizer of a run, with the special tokens of the checkpoint it serves.
+
+    Args:
+      spec: 'sentencepiece' or 'byte' (built in); a path to a Hugging Face `tokenizer.json`, a
+        SentencePiece `.model`, or a directory holding one (`TOKENIZER_FILES`); a
+        `seqio.Vocabulary`; or None: the tokenizer files of `checkpoint` when it has any, else
+        the embedded default 'sentencepiece'.
+      checkpoint: the target (teacher) checkpoint directory, whose config.json /
+        generation_config.json give the special token ids.
+
+    Raises:
+      ValueError / FileNotFoundError: an unknown name, a missing or unreadable file, or special
+        tokens of the checkpoint that the chosen vocabulary does not have.
+    """
+    ids = checkpoint_special_ids(checkpoint if checkpoint and os.path.isdir(checkpoint) else None)
+    if spec is None:
+        found = _tokenizer_file(checkpoint) if checkpoint and os.path.isdir(checkpoint) else None
+        spec = found or "sentencepiece"
+    if isinstance(spec, seqio.Vocabulary) or spec in VOCABULARY_NAMES:
+        vocab = spec if isinstance(spec, seqio.Vocabulary) else get_vocabulary(spec)
+        source = type(vocab).__name__ if isinstance(spec, seqio.Vocabulary) else f"'{spec}'"
+        for name, own in (("eos", vocab.eos_id), ("pad", vocab.pad_id)):
+            if ids[name] is not None and ids[name] != own:
+                raise ValueError(
+                    f"the checkpoint {checkpoint!r} says {name}_token_id={ids[name]}, but the "
+                    f"vocabulary {source} uses {own}; pass the target's own tokenizer "
+                    "(vocabulary = the path of its tokenizer.json or SentencePiece model)"
+                )
+        files = ()
+        if isinstance(vocab, seqio.SentencePieceVocabulary):  # The embedded default's model.
+            files = ((vocab.sentencepiece_model_file, "tokenizer.model"),)
+        return Tokenizer(vocab, vocab.bos_id, vocab.eos_id, vocab.pad_id, False, source, files)
+    return _tokenizer_from_path(os.fspath(spec), ids)
+
+
+def _tokenizer_from_path(path: str, ids: dict[str, int | None]) -> Tokenizer:
+    valid = (
+        f"valid: {VOCABULARY_NAMES}, a tokenizer.json, a SentencePiece .model, or a directory "
+        f"holding one of {TOKENIZER_FILES}"
+    )
+    if os.path.isdir(path):
+        found = _tokenizer_file(path)
+        if found is None:
+            raise FileNotFoundError(f"no tokenizer file in {path!r}; {valid}")
+        path = found
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"vocabulary {path!r} is neither a built-in name nor a file; {valid}"
+        )
+    directory = os.path.dirname(path)
+    side = tuple(
+        p for p in (os.path.join(directory, n) for n in TOKENIZER_SIDE_FILES) if os.path.isfile(p)
+    )
+    config = _read_json(os.path.join(directory, "tokenizer_config.json"))
+    if path.endswith(".json"):
+        probe = HFTokenizerVocabulary(path, eos_id=None, bos_id=None)._tokenizer
+        named = lambda key: _token_id(probe.token_to_id, config.get(key))
+        eos = _first_id(ids["eos"], named("eos_token"))
+        bos = _first_id(ids["bos"], named("bos_token"))
+        vocab = HFTokenizerVocabulary(path, eos_id=eos, bos_id=bos)
+        add_bos = vocab.prepends_bos()
+    else:
+        try:
+            model = spm.SentencePieceProcessor(model_file=path)
+        except (OSError, RuntimeError) as e:
+            raise ValueError(f"cannot read the SentencePiece model {path!r}: {e}") from None
+        own = lambda i: i if i >= 0 else None
+        eos = _first_id(ids["eos"], own(model.eos_id()))
+        bos = _first_id(ids["bos"], own(model.bos_id()))
+        vocab = _SentencePieceWithIds(path, eos_id=eos, bos_id=bos)
+        add_bos = bool(bos is not None and config.get("add_bos_token", False))
+    if eos is None:
+        raise ValueError(f"the tokenizer {path!r} has no EOS token and the checkpoint names none")
+    pad = _first_id(ids["pad"], 0)
+    files = ((path, os.path.basename(path)), *((p, os.path.basename(p)) for p in side))
+    return Tokenizer(vocab, bos, eos, pad, add_bos, path, files)
+
+
+def _token_id(token_to_id, token) -> int | None:
+    """The id of a token given as tokenizer_config.json writes it (a string or a dict)."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token_to_id(token) if token else None

@@ -82,7 +82,8 @@ def test_gin_file_parses_with_its_required_macros_bound(path):
 
 def test_required_macros_are_reported_by_name():
     gin_setup.load_config([str(CONFIGS / "runs" / "distill.gin")], ["MODEL_DIR = '/tmp/x'"])
-    assert gin_setup.unbound_required() == ["STUDENT_CHECKPOINT", "TEACHER_CHECKPOINT"]
+    # The draft is optional: STUDENT_CHECKPOINT or STUDENT (see the file's header).
+    assert gin_setup.unbound_required() == ["TEACHER_CHECKPOINT"]
 
 
 def test_includes_resolve_with_a_runs_directory_in_the_working_directory(tmp_path, monkeypatch):

@@ -51,6 +51,11 @@ def test_table_c1_layout_and_differences():
     assert first["tau_improvement_pct"] == pytest.approx(100 * (2.62 / 2.31 - 1))  # 13.42%.
     assert first["speedup_difference"] == pytest.approx(0.14)  # The paper's "+0.14".
     assert rows[1]["speedup_difference"] == pytest.approx(0.19)
+    # Table C.1 shows alpha beside tau.
+    assert (first["alpha_baseline"], first["alpha_distilled"]) == (0.5, 0.5)
+    assert "α w/o distillation" in tables.to_markdown(rows) and "| 0.500 |" in tables.to_markdown(
+        rows
+    )
 
 
 def test_missing_draft_at_a_grid_point_is_none_and_later_records_win():
@@ -67,6 +72,7 @@ def test_other_draft_names_fall_back_to_one_column_pair_per_draft():
     records = [_record("fkl", 3, 0.0, 2.5, 1.5), _record("jsd", 3, 0.0, 2.7, 1.6)]
     (row,) = tables.records_to_table(records)
     assert row["tau[fkl]"] == 2.5 and row["speedup[jsd]"] == 1.6
+    assert "| α fkl | τ fkl | Speed-up fkl |" in tables.to_markdown([row])
     assert "tau_improvement_pct" not in row
     # Extra drafts next to the compared pair get their own columns too.
     (row,) = tables.records_to_table(RECORDS[:2] + [_record("gkd", 3, 0.0, 2.9, 1.7)])
@@ -80,7 +86,8 @@ def test_markdown_text(tmp_path):
     lines = text.strip().splitlines()
     assert len(lines) == 2 + len(rows)
     assert "τ w/o distillation" in lines[0] and "Δτ (%)" in lines[0]
-    assert "| xsum | validation | T=0 | 3 | 2.31 | 1.44× | 2.62 | 1.58× | +13.4% | +0.14 |" in text
+    row = "| xsum | validation | T=0 | 3 | 0.500 | 2.31 | 1.44× | 0.500 | 2.62 | 1.58× | +13.4% |"
+    assert row in text
 
 
 def test_csv_parses_back(tmp_path):

@@ -402,3 +402,13 @@ def test_missing_tfds_data_raises_clear_error(registered, tfds_dir, name):
     with pytest.raises(tasks.DatasetMissingError):
         next(prompt_batches(name, "test", 2, 4, 4))
     assert not any(tfds_dir.iterdir())  # Nothing was downloaded or generated.
+
+
+def test_any_tfds_data_set_by_spec(vocab):
+    """A TFDS data set beyond the built-in ones, from a TfdsTaskSpec (gin: @TfdsTaskSpec())."""
+    spec = tasks.TfdsTaskSpec("ag_news_subset:1.0.0", ("train", "test"), "description", "title")
+    name = tasks.register_task(spec, vocab)
+    assert name == "tfds_ag_news_subset_1_0_0" and tasks.as_task(spec) is spec
+    with tfds.testing.mock_data(num_examples=3):
+        batch = next(prompt_batches(name, "test", 4, 16, 4, shuffle=False))
+    assert batch["valid"].sum() == 3 and (batch["prompt_lengths"][:3] > 0).all()

@@ -148,6 +148,13 @@ def mean_tvd(
         )
         weights = weights * valid_rows(batch)[:, None]
         s, c = jax.device_get(fn(target_params, draft_params, packed, weights))
+        if not np.isfinite(s):  # NaN * 0 is NaN: padding rows cannot hide it.
+            raise FloatingPointError(
+                f"non-finite logits from the target or the draft (temperature "
+                f"{sampling.temperature:g}, vocab_size {vocab_size}); a metric computed from "
+                "them would be meaningless. Check the checkpoints' dtype and that every token "
+                "id is inside both embeddings"
+            )
         total, count = total + float(s), count + float(c)
     return total / count if count else float("nan")
 

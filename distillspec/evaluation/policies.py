@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from distillspec import lookahead as sl
 from distillspec.decoding import DecodeResult, generate, speculative_generate
+from distillspec.evaluation.drafts import mean_tvd
 from distillspec.evaluation.timing import interleaved, measure_call_costs, modeled_latency_ms
 from distillspec.feature_converters import single_prompts
 from distillspec.lookahead import Lookahead
@@ -153,6 +154,10 @@ def measure_policies(
 
     fns = {TARGET_POLICY: plain, **{name: policy_fn(la) for name, la in policies.items()}}
     references = [plain(prompt, None) for prompt in prompts]  # Also compiles the target.
+    first = {"prompt_tokens": prompts[0][0], "prompt_lengths": prompts[0][1]}
+    mean_tvd(  # Stops on non-finite logits of either model before anything is timed.
+        target, target_params, draft, draft_params, [first], references[:1], greedy, vocab_size
+    )
     for fn in fns.values():
         fn(prompts[0], references[0])
     seconds = dict.fromkeys(fns, 0.0)
@@ -246,6 +251,7 @@ def evaluate_policies(
     heuristic_start: int = 5,
     oracle_sl_max: int = 64,
     model_costs: bool = True,
+    vocab_size: int | None = None,
 ) -> list[dict[str, Any]]:
     """DISCO Table 1: every policy's batch-1 greedy latency, per eval set and draft.
 
@@ -280,7 +286,7 @@ def evaluate_policies(
                 single_prompts(batches)[:num_prompts], lookaheads, classifier=classifier,
                 costs=costs,
                 max_new_tokens=max_new_tokens, eos_id=eos_id, timing_repeats=timing_repeats,
-                desc=f"{name} {task}/{split}",
+                vocab_size=vocab_size, desc=f"{name} {task}/{split}",
             )  # fmt: skip
             new = policy_records(
                 measured, draft=name, task=task, split=split, max_new_tokens=max_new_tokens

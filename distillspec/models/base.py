@@ -18,6 +18,7 @@ Cache contract (what makes rolling back rejected drafts a per-row index move):
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
 import flax.linen as nn
@@ -102,3 +103,47 @@ class FlaxModel(abc.ABC):
         """Pytree of `jax.sharding.PartitionSpec` of logical axis names, matching `init`'s."""
         abstract = jax.eval_shape(self._init_variables, jax.random.PRNGKey(0))
         return nn.get_partition_spec(abstract)["params"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TruncatedVocabulary:
+    """A model whose logits keep only the first `vocab_size` ids.
+
+    Two models that share a tokenizer but pad their embeddings to different sizes (Qwen2.5
+    sizes do) are compared and trained over the tokenizer's ids only: padded ids are never
+    sampled, drafted or scored. Everything else (params, init, logical axes) is the model's.
+    """
+
+    model: Any
+    vocab_size: int
+
+    def __post_init__(self):
+        if not 1 <= self.vocab_size <= self.model.vocab_size:
+            raise ValueError(
+                f"vocab_size must be in [1, {self.model.vocab_size}] (the model's embedding "
+                f"size), got {self.vocab_size!r}"
+            )
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return self.model.encoder_decoder
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    def prefill(self, params, prompt_tokens, prompt_lengths, cache_length):
+        return self.model.prefill(params, prompt_tokens, prompt_lengths, cache_length)
+
+    def extend(self, params, cache, tokens, positions):
+        logits, cache = self.model.extend(params, cache, tokens, positions)
+        return logits[..., : self.vocab_size], cache
+
+    def logits(self, params, batch):
+        return self.model.logits(params, batch)[..., : self.vocab_size]
+
+    def init(self, rng):
+        return self.model.init(rng)
+
+    def logical_axes(self):
+        return self.model.logical_axes()

@@ -578,12 +578,19 @@ def from_pretrained(path: str, dtype: str = "float32") -> tuple[DecoderOnlyLM | 
     return model, jax.tree_util.tree_map(jnp.asarray, params)
 
 
-def save_pretrained(model: DecoderOnlyLM | T5LM, params: Params, path: str) -> None:
+def save_pretrained(
+    model: DecoderOnlyLM | T5LM,
+    params: Params,
+    path: str,
+    special_tokens: dict[str, int | None] | None = None,
+) -> None:
     """Writes config.json + model.safetensors (float32) loadable by transformers' Auto classes.
 
     The HF family is chosen from the config (learned positions: gpt2; RoPE with q/k/v bias
     only: qwen2; other RoPE: llama; T5Config: t5); configs no family can express raise
-    ValueError.
+    ValueError. With special_tokens ({'bos', 'eos', 'pad'} ids, None = none) config.json
+    states them and generation_config.json is written, so that generation (and assisted
+    generation with a draft) stops where the models were trained to stop.
     """
     model_type = _model_type(model.config)
     tensors = params_to_hf(params, _RULES[model_type](model.config))
@@ -598,6 +605,15 @@ def save_pretrained(model: DecoderOnlyLM | T5LM, params: Params, path: str) -> N
         # lm_head with tie_word_embeddings=False is read the same by every transformers version.
         tensors["lm_head.weight"] = tensors["shared.weight"].copy()
     os.makedirs(path, exist_ok=True)
+    config = _hf_config(model.config, model_type)
+    if special_tokens is not None:
+        ids = {f"{k}_token_id": v for k, v in special_tokens.items() if v is not None}
+        config.update(ids)
+        generation = dict(ids, _from_model_config=True)
+        if model_type == "t5":
+            generation["decoder_start_token_id"] = config["decoder_start_token_id"]
+        with open(os.path.join(path, "generation_config.json"), "w") as f:
+            json.dump(generation, f, indent=2)
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(_hf_config(model.config, model_type), f, indent=2)
+        json.dump(config, f, indent=2)
     save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})

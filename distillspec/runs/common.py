@@ -1,7 +1,8 @@
-"""The start-up the evaluation run functions share: output directory, tasks, models, prompts."""
+"""The start-up the run functions share: tokenizer, tasks, models and their checks, exports."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -9,31 +10,119 @@ import numpy as np
 
 from distillspec import checkpoints, tasks
 from distillspec.feature_converters import prompt_batches
-from distillspec.models import from_pretrained
-from distillspec.vocabularies import get_vocabulary
+from distillspec.models import from_pretrained, save_pretrained
+from distillspec.vocabularies import Tokenizer, checkpoint_special_ids, load_tokenizer
 
 
-def open_run(run: str, output_dir, target_checkpoint, drafts, vocabulary, tfds_data_dir):
-    """A run function's common start: checks OUTPUT_DIR and drafts, registers the tasks,
-    loads the target. Returns (vocabulary, target model, target params)."""
+def check_models_serve(
+    models: Mapping[str, Any], tokenizer: Tokenizer, vocab_size: int | None, flag: str
+) -> None:
+    """Every id the tokenizer can produce must be inside every model's embedding, and all
+    models of a run must be of one family; else ValueError naming the sizes and `flag`.
+
+    An id past an embedding reads garbage (NaN on some backends) and makes every metric
+    meaningless, so this runs before any decoding or training.
+    """
+    families = {name: m.encoder_decoder for name, m in models.items()}
+    if len(set(families.values())) > 1:
+        kinds = {n: "encoder-decoder" if e else "decoder-only" for n, e in families.items()}
+        raise ValueError(f"the models must all be decoder-only or all encoder-decoder: {kinds}")
+    sizes = {name: m.vocab_size for name, m in models.items()}
+    if vocab_size is None and len(set(sizes.values())) > 1:
+        raise ValueError(
+            f"the models' embeddings differ in size: {sizes}. If they share one tokenizer and "
+            f"only pad their embeddings differently, set {flag} = <the tokenizer's size> "
+            f"({tokenizer.size} for the {tokenizer.source} tokenizer); otherwise give them one "
+            "tokenizer"
+        )
+    if vocab_size is not None and not tokenizer.size <= vocab_size <= min(sizes.values()):
+        raise ValueError(
+            f"{flag} = {vocab_size} must lie between the tokenizer's size ({tokenizer.size}) "
+            f"and the smallest model embedding {sizes}"
+        )
+    small = {name: size for name, size in sizes.items() if size < tokenizer.size}
+    if small:
+        raise ValueError(
+            f"the {tokenizer.source} tokenizer has {tokenizer.size} ids but the embedding of "
+            f"{small} is smaller, so ids past it would read garbage: use the models' own "
+            "tokenizer (vocabulary = its tokenizer.json or SentencePiece model)"
+        )
+
+
+def check_special_tokens(checkpoints_by_name: Mapping[str, str | None]) -> None:
+    """Checkpoints that state special token ids (config.json / generation_config.json) must
+    state the same ones: a draft trained to stop on another EOS than its target's would draft
+    past the end."""
+    stated = {
+        name: checkpoint_special_ids(path)
+        for name, path in checkpoints_by_name.items()
+        if path and os.path.isdir(path)
+    }
+    for key in ("bos", "eos", "pad"):
+        values = {name: ids[key] for name, ids in stated.items() if ids[key] is not None}
+        if len(set(values.values())) > 1:
+            raise ValueError(
+                f"the checkpoints disagree on {key}_token_id: {values}; target and draft must "
+                "share one tokenizer and its special tokens"
+            )
+
+
+def export(model, params, tokenizer: Tokenizer, directory: str) -> None:
+    """A servable Hugging Face directory: weights, config.json with the special token ids,
+    generation_config.json and the tokenizer files."""
+    save_pretrained(model, params, directory, special_tokens=tokenizer.special_ids)
+    tokenizer.save(directory)
+
+
+def open_run(
+    run: str, output_dir, target_checkpoint, drafts, vocabulary, eval_sets, vocab_size,
+    tfds_data_dir,
+):  # fmt: skip
+    """A run function's common start: checks OUTPUT_DIR, drafts and eval sets (before any
+    model is loaded), loads the tokenizer, target and drafts, checks that they serve each
+    other, registers the eval sets.
+
+    Returns:
+      (tokenizer, target model, target params, {draft name: (model, params)},
+       [(seqio task name, split)] in the order of eval_sets).
+    """
     checkpoints.check_writable(output_dir)
     if not drafts:
-        raise ValueError(f"{run} needs at least one draft: drafts = {{name: hf_directory}}")
-    vocab = get_vocabulary(vocabulary)
-    tasks.register_tasks(vocab, tfds_data_dir=tfds_data_dir)
-    return (vocab, *from_pretrained(target_checkpoint))
+        raise ValueError(f"{run} needs at least one draft: drafts = {{name: checkpoint_dir}}")
+    sets = [(tasks.as_task(task), split) for task, split in eval_sets]
+    tokenizer = load_tokenizer(vocabulary, target_checkpoint)
+    check_special_tokens({"target": target_checkpoint, **drafts})
+    target, target_params = from_pretrained(target_checkpoint)
+    models = {name: from_pretrained(path) for name, path in drafts.items()}
+    flag = f"{run}.vocab_size"
+    check_models_serve(
+        {"target": target, **{n: m for n, (m, _) in models.items()}}, tokenizer, vocab_size, flag
+    )
+    register = lambda task: tasks.register_task(
+        task, tokenizer.vocabulary, tfds_data_dir=tfds_data_dir,
+        inputs_eos=target.encoder_decoder, bos_id=tokenizer.prompt_bos,
+    )  # fmt: skip
+    names = [(register(task), split) for task, split in sets]
+    return tokenizer, target, target_params, models, names
 
 
 def prompt_sets(
     eval_sets: Iterable[tuple[str, str]], lengths: Mapping[str, int], num_prompts: int,
-    batch_size: int,
+    batch_size: int, bos_id: int | None = None,
 ) -> dict[tuple[str, str], list[dict[str, np.ndarray]]]:  # fmt: skip
-    """{(task, split): [prompt batches]} holding the first num_prompts prompts of each set."""
+    """{(task, split): [prompt batches]} holding the first num_prompts prompts of each set
+    (a prompt truncated from the left keeps its BOS `bos_id`)."""
     sets: dict[tuple[str, str], Any] = {}
     for task, split in eval_sets:
         batches, seen = [], 0
         for batch in prompt_batches(
-            task, split, batch_size, lengths["inputs"], lengths["targets"], shuffle=False
+            task,
+            split,
+            batch_size,
+            lengths["inputs"],
+            lengths["targets"],
+            shuffle=False,
+            bos_id=bos_id,
         ):
             batches.append(batch)
             seen += int(batch["valid"].sum())

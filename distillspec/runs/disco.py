@@ -25,7 +25,6 @@ from distillspec.disco.features import extract_features
 from distillspec.disco.tuning import TuningConfig, tune_policies
 from distillspec.evaluation.policies import evaluate_policies
 from distillspec.feature_converters import single_prompts
-from distillspec.models import from_pretrained
 from distillspec.records import RECORDS_FILE, policy_list, write_text_atomic
 from distillspec.runs.common import open_run, prompt_sets
 
@@ -55,7 +54,8 @@ def disco(
     timing_repeats: int = 1,
     retrain: bool = False,
     seed: int = 0,
-    vocabulary: str = "sentencepiece",
+    vocabulary: str | None = None,
+    vocab_size: int | None = None,
     tfds_data_dir: str | None = None,
 ) -> list[dict[str, Any]]:
     """DISCO for each draft: classifier, tuning, and the DISCO Table 1 evaluation.
@@ -81,18 +81,27 @@ def disco(
         heuristic_start=heuristic_start, oracle_sl_max=oracle_sl_max,
         timing_repeats=timing_repeats,
     )  # fmt: skip
-    vocab, target, target_params = open_run(
-        "disco", output_dir, target_checkpoint, drafts, vocabulary, tfds_data_dir
-    )
-    common = dict(max_new_tokens=task_feature_lengths["targets"], eos_id=vocab.eos_id)
-    sets_of = functools.partial(prompt_sets, lengths=task_feature_lengths, batch_size=batch_size)
+    tokenizer, target, target_params, loaded, names = open_run(
+        "disco", output_dir, target_checkpoint, drafts, vocabulary,
+        [train_set, validation_set, *eval_sets], vocab_size, tfds_data_dir,
+    )  # fmt: skip
+    train_set, validation_set, *eval_sets = names
+    common = dict(
+        max_new_tokens=task_feature_lengths["targets"], eos_id=tokenizer.eos_id,
+        vocab_size=vocab_size,
+    )  # fmt: skip
+    sets_of = functools.partial(
+        prompt_sets, lengths=task_feature_lengths, batch_size=batch_size,
+        bos_id=tokenizer.prompt_bos,
+    )  # fmt: skip
     sets = sets_of(eval_sets, num_prompts=num_prompts)
     models, f1_rows = {}, []
     for name, path in drafts.items():
-        draft, draft_params = from_pretrained(path)
-        if top_k > draft.vocab_size:  # Before any feature is extracted.
+        draft, draft_params = loaded[name]
+        if top_k > (vocab_size or draft.vocab_size):  # Before any feature is extracted.
             raise ValueError(
-                f"top_k ({top_k}) exceeds the vocabulary of draft {name!r} ({draft.vocab_size})"
+                f"top_k ({top_k}) exceeds the vocabulary of draft {name!r} "
+                f"({vocab_size or draft.vocab_size})"
             )
         classifier, metadata = _trained_classifier(
             name, path, target, target_params, draft, draft_params, retrain=retrain,
@@ -120,12 +129,12 @@ def disco(
     return records
 
 
-def _reusable(name: str, directory: str, draft, draft_params):
+def _reusable(name: str, directory: str, draft, draft_params, vocab_size: int | None):
     """(variables, metadata) of a saved classifier made for this very draft, else None."""
     if not os.path.isfile(os.path.join(directory, storage.METADATA_FILE)):
         return None
     try:
-        variables, metadata = storage.load_classifier(directory, draft, draft_params)
+        variables, metadata = storage.load_classifier(directory, draft, draft_params, vocab_size)
     except ValueError as e:  # Another draft's classifier: made anew.
         print(f"[disco] {name}: {e}", file=sys.stderr)
         return None
@@ -138,13 +147,14 @@ def _reusable(name: str, directory: str, draft, draft_params):
 def _trained_classifier(
     name, path, target, target_params, draft, draft_params, *, retrain, prompt_sets, train_set,
     validation_set, config: ClassifierConfig, tuning: TuningConfig, max_new_tokens, eos_id,
+    vocab_size,
 ):  # fmt: skip
     """The draft's classifier and metadata: loaded if saved for this very draft, else made."""
     directory = storage.classifier_dir(path)
-    saved = None if retrain else _reusable(name, directory, draft, draft_params)
+    saved = None if retrain else _reusable(name, directory, draft, draft_params, vocab_size)
     if saved is not None:
         return saved
-    common = dict(max_new_tokens=max_new_tokens, eos_id=eos_id)
+    common = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, vocab_size=vocab_size)
     features = functools.partial(
         extract_features, target, target_params, draft, draft_params, top_k=config.top_k, **common
     )
@@ -173,8 +183,8 @@ def _trained_classifier(
         timing_repeats=tuning.timing_repeats, **common,
     )  # fmt: skip
     metadata = {
-        "fingerprint": storage.fingerprint(draft, draft_params, None),
-        "vocab_size": draft.vocab_size,
+        "fingerprint": storage.fingerprint(draft, draft_params, vocab_size),
+        "vocab_size": vocab_size or draft.vocab_size,
         "draft_checkpoint": os.path.abspath(path),
         "train_set": list(train_set),
         "validation_set": list(validation_set),

@@ -16,12 +16,11 @@ from distillspec import tables
 from distillspec.disco import storage
 from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
 from distillspec.evaluation.policies import evaluate_policies, resolve_policies
-from distillspec.models import from_pretrained
 from distillspec.records import RECORDS_FILE, TUNED_POLICIES, append_records
 from distillspec.runs.common import open_run, prompt_sets
 
 
-def _with_classifiers(models, drafts, policies) -> dict[str, tuple]:
+def _with_classifiers(models, drafts, policies, vocab_size) -> dict[str, tuple]:
     """{name: (model, params, DISCO classifier or None, tuning or None)} for `evaluate_policies`:
     the tuned policies read the classifier and tuning saved beside each draft."""
     out = {}
@@ -29,7 +28,7 @@ def _with_classifiers(models, drafts, policies) -> dict[str, tuple]:
         classifier = tuning = None
         if any(p in TUNED_POLICIES for p in policies):
             classifier, metadata = storage.load_classifier(
-                storage.classifier_dir(drafts[name]), draft, draft_params
+                storage.classifier_dir(drafts[name]), draft, draft_params, vocab_size
             )
             tuning = metadata.get("tuning")
         out[name] = (draft, draft_params, classifier, tuning)
@@ -48,14 +47,21 @@ def evaluate(
     temperatures: Sequence[float] = (0.0, 1.0),
     timing_repeats: int = 1,
     seed: int = 0,
-    vocabulary: str = "sentencepiece",
+    vocabulary: str | None = None,
+    vocab_size: int | None = None,
     tfds_data_dir: str | None = None,
     policies: Sequence[str] = (),
     heuristic_sl_max: int = 8,
     heuristic_start: int = 5,
     oracle_sl_max: int = 64,
 ) -> list[dict[str, Any]]:
-    """Evaluates drafts (Hugging Face directories) against a target over eval sets and a grid.
+    """Evaluates drafts (checkpoint directories) against a target over eval sets and a grid.
+
+    eval_sets are (task, split) pairs; a task is a built-in name, a path to a .jsonl / .txt
+    file or directory (`tasks.FileTask`) or a `tasks.TfdsTaskSpec`. vocabulary: the tokenizer
+    (`vocabularies.load_tokenizer`; None = the target checkpoint's tokenizer files, else the
+    embedded 'sentencepiece'). vocab_size: the tokenizer's size when target and drafts pad
+    their embeddings to different sizes (both models' logits are cut to it).
 
     Appends one record per (eval set, draft, gamma, temperature) to OUTPUT_DIR/records.jsonl
     (none if gammas is empty), and with `policies` one record per (eval set, draft, policy):
@@ -77,27 +83,28 @@ def evaluate(
         [p for p in policies if p not in TUNED_POLICIES], heuristic_sl_max=heuristic_sl_max,
         heuristic_start=heuristic_start, oracle_sl_max=oracle_sl_max,
     )  # fmt: skip
-    vocab, target, target_params = open_run(
-        "evaluate", output_dir, target_checkpoint, drafts, vocabulary, tfds_data_dir
-    )
-    models = {name: from_pretrained(path) for name, path in drafts.items()}
+    tokenizer, target, target_params, models, names = open_run(
+        "evaluate", output_dir, target_checkpoint, drafts, vocabulary, eval_sets, vocab_size,
+        tfds_data_dir,
+    )  # fmt: skip
     records_path = os.path.join(output_dir, RECORDS_FILE)
-    sets = prompt_sets(eval_sets, task_feature_lengths, num_prompts, batch_size)
+    sets = prompt_sets(names, task_feature_lengths, num_prompts, batch_size, tokenizer.prompt_bos)
     records = []
     for (task, split), batches in sets.items() if grid else ():
         new = evaluate_drafts(
-            target, target_params, models, batches, grid, eos_id=vocab.eos_id, task=task,
-            split=split,
+            target, target_params, models, batches, grid, eos_id=tokenizer.eos_id, task=task,
+            split=split, vocab_size=vocab_size,
         )  # fmt: skip
         append_records(records_path, new)
         records += new
     if policies:
+        with_classifiers = _with_classifiers(models, drafts, policies, vocab_size)
         records += evaluate_policies(
-            target, target_params, _with_classifiers(models, drafts, policies), sets, policies,
+            target, target_params, with_classifiers, sets, policies,
             num_prompts=num_prompts, max_new_tokens=task_feature_lengths["targets"],
-            eos_id=vocab.eos_id, records_path=records_path, timing_repeats=timing_repeats,
+            eos_id=tokenizer.eos_id, records_path=records_path, timing_repeats=timing_repeats,
             heuristic_sl_max=heuristic_sl_max, heuristic_start=heuristic_start,
-            oracle_sl_max=oracle_sl_max,
+            oracle_sl_max=oracle_sl_max, vocab_size=vocab_size,
         )  # fmt: skip
     print(tables.format_report(records_path, output_dir))
     return records

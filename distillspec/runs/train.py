@@ -24,22 +24,13 @@ import jax
 
 from distillspec import checkpoints, datagen, partitioning, tasks, trainer
 from distillspec.feature_converters import prompt_batches
-from distillspec.models import from_pretrained, save_pretrained
-from distillspec.vocabularies import get_vocabulary
+from distillspec.models import from_pretrained
+from distillspec.models.base import TruncatedVocabulary
+from distillspec.models.drafts import DraftSpec, make_draft
+from distillspec.runs.common import check_models_serve, check_special_tokens, export
+from distillspec.vocabularies import Tokenizer, load_tokenizer
 
 EXPORT_SUBDIR = "export"
-
-
-def _load_student(student, student_checkpoint, seed):
-    if (student is None) == (student_checkpoint is None):
-        raise ValueError(
-            "give exactly one of train.student (an architecture, initialised from the seed) and "
-            f"train.student_checkpoint (a Hugging Face directory); got student={student!r}, "
-            f"student_checkpoint={student_checkpoint!r}"
-        )
-    if student_checkpoint is not None:
-        return from_pretrained(student_checkpoint)
-    return student, student.init(jax.random.PRNGKey(seed))
 
 
 def _load_teacher(teacher, teacher_checkpoint, teacher_seed):
@@ -52,8 +43,54 @@ def _load_teacher(teacher, teacher_checkpoint, teacher_seed):
     return None, None
 
 
+def _load_student(student, student_checkpoint, seed, teacher, teacher_params):
+    if (student is None) == (student_checkpoint is None):
+        raise ValueError(
+            "give exactly one of train.student (an architecture initialised from the seed, or "
+            "@DraftSpec() for a draft made for the teacher) and train.student_checkpoint (a "
+            f"checkpoint directory); got student={student!r}, "
+            f"student_checkpoint={student_checkpoint!r}"
+        )
+    if student_checkpoint is not None:
+        return from_pretrained(student_checkpoint)
+    if isinstance(student, DraftSpec):
+        if teacher is None:
+            raise ValueError("train.student = @DraftSpec() makes a draft for the teacher: set "
+                             "train.teacher_checkpoint")  # fmt: skip
+        return make_draft(student, teacher, teacher_params, seed)
+    return student, student.init(jax.random.PRNGKey(seed))
+
+
+def _check_data(task, mixture: datagen.DataMixture) -> None:
+    """Prompts-only data cannot be the fixed-data share of a mixture."""
+    if (
+        mixture.fixed_data_fraction > 0
+        and isinstance(task, tasks.FileTask)
+        and not tasks.has_completions(task)
+    ):
+        raise ValueError(
+            f"{task.path!r} holds prompts only (no {task.completion_key!r} key), so it cannot "
+            f"give the fixed data set's completions: DataMixture.fixed_data_fraction (lambda1) "
+            f"= {mixture.fixed_data_fraction} must be 0 (teacher- or student-generated data)"
+        )
+
+
+def _shared_vocab_size(student, teacher, vocab_size: int | None) -> int | None:
+    """The logit width both models are compared over (None: their own, equal, size)."""
+    if teacher is None or vocab_size is not None:
+        return vocab_size
+    if teacher.vocab_size != student.vocab_size:
+        raise ValueError(
+            f"the student's vocabulary ({student.vocab_size} ids) and the teacher's "
+            f"({teacher.vocab_size} ids) differ; distillation compares their distributions id by "
+            "id. If they share a tokenizer and only pad the embedding differently, set "
+            "train.vocab_size = <the tokenizer's size>; otherwise use the teacher's tokenizer"
+        )
+    return None
+
+
 def _check_compatible(
-    student, teacher, loss: trainer.LossConfig, vocab_size: int, mixture: datagen.DataMixture
+    student, teacher, loss: trainer.LossConfig, tokenizer: Tokenizer, mixture, vocab_size
 ) -> None:
     if teacher is None and loss.divergence != "ce":
         raise ValueError(
@@ -69,17 +106,8 @@ def _check_compatible(
             f"= {mixture.student_data_fraction} < 1) but no teacher is given; set "
             "train.teacher_checkpoint (or train.teacher), or lambda1 = 1 or lambda2 = 1"
         )
-    if teacher is not None and teacher.vocab_size != student.vocab_size:
-        raise ValueError(
-            f"the student's vocabulary ({student.vocab_size} ids) and the teacher's "
-            f"({teacher.vocab_size} ids) differ; distillation compares their distributions id by "
-            "id, so both must use the same tokenizer and embedding size"
-        )
-    if student.vocab_size < vocab_size:
-        raise ValueError(
-            f"the model's vocabulary ({student.vocab_size} ids) is smaller than the task "
-            f"vocabulary ({vocab_size} ids); set the model's vocab_size >= {vocab_size}"
-        )
+    models = {"student": student, **({"teacher": teacher} if teacher is not None else {})}
+    check_models_serve(models, tokenizer, vocab_size, "train.vocab_size")
 
 
 def _check_run_args(max_examples, loop: trainer.LoopConfig, mesh_shape) -> None:
@@ -98,10 +126,10 @@ def _check_run_args(max_examples, loop: trainer.LoopConfig, mesh_shape) -> None:
         )
 
 
-def _example_store(task, split, lengths, max_examples, batch_size):
+def _example_store(task, split, lengths, max_examples, batch_size, bos_id):
     batches = prompt_batches(
         task, split, batch_size=256, prompt_length=lengths["inputs"],
-        completion_length=lengths["targets"], shuffle=False, num_epochs=1,
+        completion_length=lengths["targets"], shuffle=False, num_epochs=1, bos_id=bos_id,
     )  # fmt: skip
     store = datagen.ExampleStore.from_batches(batches, max_examples)
     if len(store) == 0:
@@ -129,7 +157,8 @@ def train(
     optimizer: trainer.OptimizerConfig = trainer.OptimizerConfig(),
     mixture: datagen.DataMixture = datagen.DataMixture(fixed_data_fraction=1.0),
     mesh_shape: tuple[int, int] = (1, 1),
-    vocabulary: str = "sentencepiece",
+    vocabulary: str | None = None,
+    vocab_size: int | None = None,
     max_examples: int | None = None,
     tfds_data_dir: str | None = None,
     console: bool = True,
@@ -139,15 +168,21 @@ def train(
 
     Args:
       model_dir: MODEL_DIR, created if needed; a rerun resumes from its latest checkpoint.
-      task, split: seqio task (see `distillspec.tasks`) and split to train on.
+      task, split: the data and its split: a built-in task name, a path to a .jsonl / .txt file
+        or a directory of them (`tasks.FileTask`), or a `tasks.TfdsTaskSpec`.
       task_feature_lengths: {'inputs': P, 'targets': N}: prompt and completion lengths.
-      student / student_checkpoint: an architecture to initialise from loop.seed, or a Hugging
-        Face directory to warm-start from (exactly one).
+      student / student_checkpoint: an architecture to initialise from loop.seed (or a
+        `models.drafts.DraftSpec`: a draft made for the teacher, fresh or from its layers), or
+        a checkpoint directory to warm-start from (exactly one).
       teacher / teacher_checkpoint: the frozen target: an architecture initialised from
         teacher_seed, or a Hugging Face directory; neither for pretraining.
       loop, loss, optimizer, mixture: see their classes.
       mesh_shape: (data, model) device mesh; (1, 1) runs on one device.
-      vocabulary: 'sentencepiece' or 'byte' (shared by every model of a project).
+      vocabulary: the tokenizer (`vocabularies.load_tokenizer`): 'sentencepiece', 'byte', a
+        tokenizer.json / SentencePiece model path; None = the teacher's (else the student
+        checkpoint's) tokenizer files, or the embedded 'sentencepiece' when there are none.
+      vocab_size: the tokenizer's size when teacher and student pad their embeddings to
+        different sizes: both models' logits are cut to it.
       max_examples: use only the first examples of the split (smoke tests).
       tfds_data_dir: where prepared TFDS data sets live (the paper's tasks).
       console: show a progress bar.
@@ -159,22 +194,32 @@ def train(
     """
     checkpoints.check_writable(model_dir)
     _check_run_args(max_examples, loop, mesh_shape)
-    if tuple(mesh_shape) != (1, 1):
-        mesh = partitioning.make_mesh(*mesh_shape)
-    else:
-        mesh = None
-    vocab = get_vocabulary(vocabulary) if isinstance(vocabulary, str) else vocabulary
-    tasks.register_tasks(vocab, tfds_data_dir=tfds_data_dir)
-    student_model, params = _load_student(student, student_checkpoint, loop.seed)
+    task = tasks.as_task(task)  # An unknown task or missing file fails before any model loads.
+    _check_data(task, mixture)
+    tokenizer = load_tokenizer(vocabulary, teacher_checkpoint or student_checkpoint)
+    check_special_tokens({"teacher": teacher_checkpoint, "student": student_checkpoint})
+    mesh = partitioning.make_mesh(*mesh_shape) if tuple(mesh_shape) != (1, 1) else None
     teacher_model, teacher_params = _load_teacher(teacher, teacher_checkpoint, teacher_seed)
-    _check_compatible(student_model, teacher_model, loss, vocab.vocab_size, mixture)
-    store = _example_store(task, split, task_feature_lengths, max_examples, loop.batch_size)
+    student_model, params = _load_student(
+        student, student_checkpoint, loop.seed, teacher_model, teacher_params
+    )
+    vocab_size = _shared_vocab_size(student_model, teacher_model, vocab_size)
+    _check_compatible(student_model, teacher_model, loss, tokenizer, mixture, vocab_size)
+    name = tasks.register_task(
+        task, tokenizer.vocabulary, tfds_data_dir=tfds_data_dir,
+        inputs_eos=student_model.encoder_decoder, bos_id=tokenizer.prompt_bos,
+    )  # fmt: skip
+    store = _example_store(
+        name, split, task_feature_lengths, max_examples, loop.batch_size, tokenizer.prompt_bos
+    )
+    print(f"[train] {tokenizer.describe()}", file=sys.stderr, flush=True)
     with open(os.path.join(model_dir, "config.gin"), "w") as f:
-        f.write(config_text)
-    models = trainer.Models(student_model, teacher_model, teacher_params)
+        f.write(config_text + f"\n# {tokenizer.describe()}\n")
+    cut = lambda m: m if m is None or vocab_size is None else TruncatedVocabulary(m, vocab_size)
+    models = trainer.Models(cut(student_model), cut(teacher_model), teacher_params)
     params = trainer.fit(
         model_dir, models, params, store, loop, loss, optimizer,
-        mixture=mixture, eos_id=vocab.eos_id, mesh=mesh, console=console,
+        mixture=mixture, eos_id=tokenizer.eos_id, mesh=mesh, console=console,
     )  # fmt: skip
-    save_pretrained(student_model, jax.device_get(params), os.path.join(model_dir, EXPORT_SUBDIR))
+    export(student_model, jax.device_get(params), tokenizer, os.path.join(model_dir, EXPORT_SUBDIR))
     return params
