@@ -184,7 +184,8 @@ def _local_spec(spec: dict[str, Any], step_dir: str, name: str) -> dict[str, Any
     """
     spec = {**spec, "kvstore": dict(spec.get("kvstore") or {})}
     kvstore = spec["kvstore"]
-    relative = kvstore.get("path") or spec.pop("path", None)  # tensorstore < 0.1.14: top level.
+    # tensorstore < 0.1.14 wrote the path at the top level (joined to the kvstore's).
+    relative = os.path.join(kvstore.get("path") or "", spec.pop("path", None) or "")
     if not relative or kvstore.get("driver", "file") not in ("file", "gfile", "gcs"):
         raise ValueError(f"T5X parameter {name!r} has an unsupported TensorStore spec: {spec}.")
     spec["kvstore"] = {"driver": "file", "path": os.path.join(step_dir, relative)}
