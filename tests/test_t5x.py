@@ -30,8 +30,8 @@ from distillspec.models import (
     from_t5x,
     load_checkpoint,
     save_t5x,
+    t5x_store,
 )
-from distillspec.models import t5x as t5x_lib
 from tests.test_hf_interop import TOL, _batch, _hf_logits, _our_logits, _random_hf_model
 
 torch = pytest.importorskip("torch")
@@ -219,7 +219,7 @@ def _random_params(model, seed: int):
 
 
 def test_t5x_copy_gives_the_transformers_logits(twin, caplog):
-    with caplog.at_level(logging.INFO, logger="distillspec.models.t5x"):
+    with caplog.at_level(logging.INFO, logger="distillspec.models"):
         model, params = from_t5x(twin["model_dir"], twin["config"])
     assert f"latest step, {STEP}" in caplog.text  # Not 2, nor the unfinished 9.
     batch = _batch()
@@ -291,7 +291,7 @@ def test_unscaled_tied_head_is_written_as_an_explicit_logits_dense(tmp_path):
 def test_an_interrupted_save_leaves_no_checkpoint(tmp_path, monkeypatch):
     model = T5LM(T5Config(vocab_size=40, embed_dim=16, num_heads=2, head_dim=8, mlp_dim=24))
     params = _random_params(model, 3)
-    write, calls = t5x_lib._write_array, []
+    write, calls = t5x_store.write_array, []
 
     def failing_write(*args):
         calls.append(1)
@@ -299,7 +299,7 @@ def test_an_interrupted_save_leaves_no_checkpoint(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # E.g. a preempted job.
         return write(*args)
 
-    monkeypatch.setattr(t5x_lib, "_write_array", failing_write)
+    monkeypatch.setattr(t5x_store, "write_array", failing_write)
     with pytest.raises(KeyboardInterrupt):
         save_t5x(model, params, str(tmp_path), step=3)
     assert len(calls) == 10 and os.listdir(tmp_path) == []
@@ -436,7 +436,7 @@ _SHARDED = textwrap.dedent(
     import sys
     import jax, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from distillspec.models import t5x
+    from distillspec.models import t5x, t5x_store
 
     assert len(jax.devices()) == 8, jax.devices()
     path = sys.argv[1]
@@ -458,12 +458,12 @@ _SHARDED = textwrap.dedent(
     shardings = jax.tree_util.tree_map_with_path(
         lambda p, x: NamedSharding(mesh, spec(p, x)), reference)
     reads = []  # (elements read, elements of that T5X array), for every TensorStore read.
-    read = t5x._Source.read
+    read = t5x_store.Source.read
     def counting_read(self, index):
         out = read(self, index)
         reads.append((out.size, int(np.prod(self.shape))))
         return out
-    t5x._Source.read = counting_read
+    t5x_store.Source.read = counting_read
 
     _, sharded = t5x.from_t5x(path, shardings=shardings)
     for (p, want), got, ref in zip(jax.tree_util.tree_leaves_with_path(shardings),

@@ -25,7 +25,7 @@ def checkpoint_format(path: str) -> str:
       FileNotFoundError: if `path` does not exist.
       ValueError: if `path` is neither format, or both; the message says what was expected.
     """
-    from distillspec.models import t5x
+    from distillspec.models import t5x_store
 
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -33,7 +33,7 @@ def checkpoint_format(path: str) -> str:
     names = sorted(os.listdir(path)) if os.path.isdir(path) else []
     is_hf = "config.json" in names
     try:
-        t5x.find_step_dir(path)
+        t5x_store.find_step_dir(path)
         is_t5x = True
     except FileNotFoundError:
         is_t5x = False
