@@ -6,7 +6,7 @@
 SRC may be a T5X model directory (its latest checkpoint_<step>/ is read) or a step directory.
 --config is a T5 v1.1 size (small, base, large, xl, xxl: configs/models/t5_1_1_<size>.gin) or a
 gin file binding one T5Config; without it the config is inferred from the T5X array shapes. The
-conversion logic lives in distillspec.models (t5x.py, hf_interop.py); this is its command line.
+conversion logic lives in distillspec.models (t5x*.py, hf_interop.py); this is its command line.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ def config_from_gin(path: str) -> T5Config:
     Raises:
       ValueError: if the file binds no T5Config or binds several (under different scopes).
     """
-    import gin
-
     from distillspec import gin_setup
 
     gin_setup.clear()
@@ -44,8 +42,7 @@ def config_from_gin(path: str) -> T5Config:
             raise ValueError(
                 f"{path} must bind exactly one T5Config (under one scope); scopes found: {found}."
             )
-        with gin_setup.scope(scopes.pop() or None):
-            return gin.get_configurable("distillspec.models.T5Config")()
+        return gin_setup.configured("distillspec.models.T5Config", scopes.pop() or None)
     finally:
         gin_setup.clear()
 
@@ -94,7 +91,7 @@ def convert(
 ) -> str:
     """Converts `source` to `destination`; returns the path written (a T5X step directory or
     the Hugging Face directory)."""
-    from distillspec.models import hf_interop, t5x
+    from distillspec.models import hf_interop, t5x, t5x_store
 
     if source_format == "t5x":
         model, params = t5x.from_t5x(source, config, progress=True)
@@ -108,7 +105,7 @@ def convert(
     if step is None:  # Keep a T5X source's step number.
         step = 0
         if source_format == "t5x":
-            name = os.path.basename(os.path.normpath(t5x.find_step_dir(source)))
+            name = os.path.basename(os.path.normpath(t5x_store.find_step_dir(source)))
             match = re.fullmatch(r"checkpoint_(\d+)", name)
             step = int(match[1]) if match else 0
     return t5x.save_t5x(model, params, destination, step, dtype=dtype, progress=True)
