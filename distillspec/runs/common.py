@@ -9,19 +9,20 @@ import numpy as np
 
 from distillspec import checkpoints, tasks
 from distillspec.feature_converters import prompt_batches
-from distillspec.models import from_pretrained
+from distillspec.models import load_checkpoint
 from distillspec.vocabularies import get_vocabulary
 
 
 def open_run(run: str, output_dir, target_checkpoint, drafts, vocabulary, tfds_data_dir):
     """A run function's common start: checks OUTPUT_DIR and drafts, registers the tasks,
-    loads the target. Returns (vocabulary, target model, target params)."""
+    loads the target (a Hugging Face or T5X checkpoint directory, told apart by
+    `models.load_checkpoint`). Returns (vocabulary, target model, target params)."""
     checkpoints.check_writable(output_dir)
     if not drafts:
-        raise ValueError(f"{run} needs at least one draft: drafts = {{name: hf_directory}}")
+        raise ValueError(f"{run} needs at least one draft: drafts = {{name: checkpoint_directory}}")
     vocab = get_vocabulary(vocabulary)
     tasks.register_tasks(vocab, tfds_data_dir=tfds_data_dir)
-    return (vocab, *from_pretrained(target_checkpoint))
+    return (vocab, *load_checkpoint(target_checkpoint))
 
 
 def prompt_sets(

@@ -25,7 +25,7 @@ from distillspec.disco.features import extract_features
 from distillspec.disco.tuning import TuningConfig, tune_policies
 from distillspec.evaluation.policies import evaluate_policies
 from distillspec.feature_converters import single_prompts
-from distillspec.models import from_pretrained
+from distillspec.models import load_checkpoint
 from distillspec.records import RECORDS_FILE, policy_list, write_text_atomic
 from distillspec.runs.common import open_run, prompt_sets
 
@@ -60,14 +60,15 @@ def disco(
 ) -> list[dict[str, Any]]:
     """DISCO for each draft: classifier, tuning, and the DISCO Table 1 evaluation.
 
-    Per draft (a Hugging Face directory): features on num_train_prompts of train_set and on
-    num_validation_prompts of validation_set; the classifier; F1 against the best static-SL
-    rule on validation (Table 4); latency tuning on validation of static SL-opt and of threshold
-    and SL_max for the confidence and DISCO rules; everything saved in `<draft>/disco/` with the
-    draft's fingerprint (a rerun reuses it unless retrain=True or the draft changed). Then every
-    policy is timed at batch 1 on num_prompts of each eval set (greedy), and one record per
-    (eval set, draft, policy) is appended to OUTPUT_DIR/records.jsonl; disco_table.md,
-    oracle_sl_hist.png and disco_f1.md (Table 4) are written there and the tables are printed.
+    Per draft (a Hugging Face or T5X checkpoint directory): features on num_train_prompts of
+    train_set and on num_validation_prompts of validation_set; the classifier; F1 against the
+    best static-SL rule on validation (Table 4); latency tuning on validation of static SL-opt
+    and of threshold and SL_max for the confidence and DISCO rules; everything saved in
+    `<draft>/disco/` with the draft's fingerprint (a rerun reuses it unless retrain=True or the
+    draft changed). Then every policy is timed at batch 1 on num_prompts of each eval set
+    (greedy), and one record per (eval set, draft, policy) is appended to
+    OUTPUT_DIR/records.jsonl; disco_table.md, oracle_sl_hist.png and disco_f1.md (Table 4) are
+    written there and the tables are printed.
     """
     # Every classifier and tuning setting is checked before any model is loaded.
     classifier_config = ClassifierConfig(
@@ -89,7 +90,7 @@ def disco(
     sets = sets_of(eval_sets, num_prompts=num_prompts)
     models, f1_rows = {}, []
     for name, path in drafts.items():
-        draft, draft_params = from_pretrained(path)
+        draft, draft_params = load_checkpoint(path)
         if top_k > draft.vocab_size:  # Before any feature is extracted.
             raise ValueError(
                 f"top_k ({top_k}) exceeds the vocabulary of draft {name!r} ({draft.vocab_size})"

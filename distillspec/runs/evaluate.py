@@ -16,7 +16,7 @@ from distillspec import tables
 from distillspec.disco import storage
 from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
 from distillspec.evaluation.policies import evaluate_policies, resolve_policies
-from distillspec.models import from_pretrained
+from distillspec.models import load_checkpoint
 from distillspec.records import RECORDS_FILE, TUNED_POLICIES, append_records
 from distillspec.runs.common import open_run, prompt_sets
 
@@ -55,7 +55,8 @@ def evaluate(
     heuristic_start: int = 5,
     oracle_sl_max: int = 64,
 ) -> list[dict[str, Any]]:
-    """Evaluates drafts (Hugging Face directories) against a target over eval sets and a grid.
+    """Evaluates drafts against a target over eval sets and a grid; the target and each draft are
+    Hugging Face or T5X checkpoint directories (`models.load_checkpoint` tells them apart).
 
     Appends one record per (eval set, draft, gamma, temperature) to OUTPUT_DIR/records.jsonl
     (none if gammas is empty), and with `policies` one record per (eval set, draft, policy):
@@ -80,7 +81,7 @@ def evaluate(
     vocab, target, target_params = open_run(
         "evaluate", output_dir, target_checkpoint, drafts, vocabulary, tfds_data_dir
     )
-    models = {name: from_pretrained(path) for name, path in drafts.items()}
+    models = {name: load_checkpoint(path) for name, path in drafts.items()}
     records_path = os.path.join(output_dir, RECORDS_FILE)
     sets = prompt_sets(eval_sets, task_feature_lengths, num_prompts, batch_size)
     records = []

@@ -24,7 +24,7 @@ import jax
 
 from distillspec import checkpoints, datagen, partitioning, tasks, trainer
 from distillspec.feature_converters import prompt_batches
-from distillspec.models import from_pretrained, save_pretrained
+from distillspec.models import load_checkpoint, save_pretrained
 from distillspec.vocabularies import get_vocabulary
 
 EXPORT_SUBDIR = "export"
@@ -34,11 +34,11 @@ def _load_student(student, student_checkpoint, seed):
     if (student is None) == (student_checkpoint is None):
         raise ValueError(
             "give exactly one of train.student (an architecture, initialised from the seed) and "
-            f"train.student_checkpoint (a Hugging Face directory); got student={student!r}, "
-            f"student_checkpoint={student_checkpoint!r}"
+            "train.student_checkpoint (a Hugging Face or T5X checkpoint directory); got "
+            f"student={student!r}, student_checkpoint={student_checkpoint!r}"
         )
     if student_checkpoint is not None:
-        return from_pretrained(student_checkpoint)
+        return load_checkpoint(student_checkpoint)
     return student, student.init(jax.random.PRNGKey(seed))
 
 
@@ -46,7 +46,7 @@ def _load_teacher(teacher, teacher_checkpoint, teacher_seed):
     if teacher is not None and teacher_checkpoint is not None:
         raise ValueError("give at most one of train.teacher and train.teacher_checkpoint")
     if teacher_checkpoint is not None:
-        return from_pretrained(teacher_checkpoint)
+        return load_checkpoint(teacher_checkpoint)
     if teacher is not None:
         return teacher, teacher.init(jax.random.PRNGKey(teacher_seed))
     return None, None
@@ -142,9 +142,11 @@ def train(
       task, split: seqio task (see `distillspec.tasks`) and split to train on.
       task_feature_lengths: {'inputs': P, 'targets': N}: prompt and completion lengths.
       student / student_checkpoint: an architecture to initialise from loop.seed, or a Hugging
-        Face directory to warm-start from (exactly one).
+        Face or T5X checkpoint directory to warm-start from (exactly one).
       teacher / teacher_checkpoint: the frozen target: an architecture initialised from
-        teacher_seed, or a Hugging Face directory; neither for pretraining.
+        teacher_seed, or a Hugging Face or T5X checkpoint directory; neither for pretraining.
+        Checkpoints load with `models.load_checkpoint`, which tells the formats apart by their
+        files (a T5X model directory gives its latest checkpoint_<step>/).
       loop, loss, optimizer, mixture: see their classes.
       mesh_shape: (data, model) device mesh; (1, 1) runs on one device.
       vocabulary: 'sentencepiece' or 'byte' (shared by every model of a project).
