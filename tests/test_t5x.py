@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 
+import gin
 import jax
 import ml_dtypes
 import numpy as np
@@ -21,7 +22,7 @@ import pytest
 import tensorstore as ts
 from flax import serialization
 
-from distillspec import convert
+from distillspec import convert, gin_setup, metrics
 from distillspec.models import (
     T5LM,
     T5Config,
@@ -371,6 +372,49 @@ def test_load_checkpoint_dispatches_both_formats(twin, tmp_path):
         load_checkpoint(str(tmp_path))
     for expected in ("config.json", "model.safetensors", "checkpoint_<step>", "weights.bin"):
         assert expected in str(error.value)
+
+
+# --------------------------------------------------------------------------------------------
+# A T5X teacher in a train run.
+# --------------------------------------------------------------------------------------------
+
+
+def test_train_distils_a_t5_student_from_a_t5x_teacher(tmp_path):
+    """`python -m distillspec.train` with train.teacher_checkpoint a T5X model directory: the
+    tiny distillation of configs/tests/tiny_distill.gin, with T5 v1.1 teacher and student."""
+    teacher = T5LM(
+        T5Config(vocab_size=260, embed_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+                 num_encoder_layers=1, num_decoder_layers=2)
+    )  # fmt: skip
+    params = jax.tree.map(lambda x: 0.5 * x, _random_params(teacher, 5))
+    save_t5x(teacher, params, str(tmp_path / "teacher"), step=7)
+    model_dir = tmp_path / "run"
+    student = {"vocab_size": 260, "embed_dim": 16, "num_heads": 2, "head_dim": 8, "mlp_dim": 32,
+               "num_encoder_layers": 1, "num_decoder_layers": 1}  # fmt: skip
+    gin.clear_config()
+    try:
+        gin_setup.main(
+            "train",
+            [
+                f"--gin_file={REPO_ROOT}/configs/tests/tiny_distill.gin",
+                f"--gin.MODEL_DIR={model_dir}",
+                "--gin.TRAIN_STEPS=2",
+                "--gin.train.teacher=None",
+                f"--gin.train.teacher_checkpoint={tmp_path / 'teacher'}",
+                "--gin.train.student=@student/T5LM()",
+                "--gin.student/T5LM.config=@student/T5Config()",
+                *(f"--gin.student/T5Config.{k}={v}" for k, v in student.items()),
+            ],
+        )
+    finally:
+        gin.clear_config()
+    logged = metrics.read_metrics(str(model_dir))
+    assert [r["step"] for r in logged] == [1, 2]
+    assert all(np.isfinite(r["loss"]) for r in logged)
+    assert "teacher_checkpoint" in (model_dir / "config.gin").read_text()
+    exported, exported_params = from_pretrained(str(model_dir / "export"))
+    assert isinstance(exported, T5LM) and exported.config.embed_dim == 16
+    assert exported.vocab_size == 260 and exported_params["embed"]["embedding"].shape == (260, 16)
 
 
 # --------------------------------------------------------------------------------------------
