@@ -417,6 +417,18 @@ def test_train_distils_a_t5_student_from_a_t5x_teacher(tmp_path):
     assert exported.vocab_size == 260 and exported_params["embed"]["embedding"].shape == (260, 16)
 
 
+def test_train_refuses_a_decoder_only_student_for_an_encoder_decoder_teacher():
+    from distillspec import datagen, trainer
+    from distillspec.models import DecoderOnlyLM, TransformerConfig
+    from distillspec.runs import train
+
+    student = DecoderOnlyLM(TransformerConfig(vocab_size=260))
+    teacher = T5LM(T5Config(vocab_size=260))
+    mixture = datagen.DataMixture(fixed_data_fraction=1.0)
+    with pytest.raises(ValueError, match="encoder-decoder .*T5LM.* T5 student"):
+        train._check_compatible(student, teacher, trainer.LossConfig("fkl"), 259, mixture)
+
+
 # --------------------------------------------------------------------------------------------
 # Errors.
 # --------------------------------------------------------------------------------------------

@@ -69,6 +69,14 @@ def _check_compatible(
             f"= {mixture.student_data_fraction} < 1) but no teacher is given; set "
             "train.teacher_checkpoint (or train.teacher), or lambda1 = 1 or lambda2 = 1"
         )
+    if teacher is not None and teacher.encoder_decoder != student.encoder_decoder:
+        family = lambda m: "an encoder-decoder" if m.encoder_decoder else "decoder-only"
+        raise ValueError(
+            f"the student is {family(student)} ({type(student).__name__}) and the teacher "
+            f"{family(teacher)} ({type(teacher).__name__}); both score the same packed batch, "
+            "so they must be of one family (a T5X teacher needs a T5 student: train.student = "
+            "@T5LM() or a T5 train.student_checkpoint)"
+        )
     if teacher is not None and teacher.vocab_size != student.vocab_size:
         raise ValueError(
             f"the student's vocabulary ({student.vocab_size} ids) and the teacher's "
