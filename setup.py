@@ -20,6 +20,7 @@ setup(
         "tensorflow-datasets",
         "gin-config",
         "safetensors",
+        "tensorstore",  # T5X checkpoints: one zarr array per parameter.
         "numpy",
         "ml_dtypes",  # bfloat16 tensors in safetensors checkpoints.
         "sentencepiece",

@@ -175,6 +175,13 @@ def config_str() -> str:
     return gin.config_str()
 
 
+def configured(name: str, scope_name: str | None = None) -> Any:
+    """Calls the registered configurable `name` (e.g. 'distillspec.models.T5Config') with the
+    parsed bindings, those under `scope_name/` in force; for code that must not import gin."""
+    with gin.config_scope(scope_name):
+        return gin.get_configurable(name)()
+
+
 def clear() -> None:
     """Forgets every binding (configurables stay registered), before parsing a new config."""
     gin.clear_config()

@@ -343,8 +343,8 @@ def load_tokenizer(spec: str | seqio.Vocabulary | None, checkpoint: str | None =
     Args:
       spec: 'sentencepiece' or 'byte' (built in); a path to a Hugging Face `tokenizer.json`, a
         SentencePiece `.model`, or a directory holding one (`TOKENIZER_FILES`); a
-        `seqio.Vocabulary`; or None: the tokenizer files of `checkpoint` when it has any, else
-        the embedded default 'sentencepiece'.
+        `seqio.Vocabulary`; or None: the tokenizer files of `checkpoint` (an error when it has
+        none), or the embedded default 'sentencepiece' when there is no checkpoint.
       checkpoint: the target (teacher) checkpoint directory, whose config.json /
         generation_config.json give the special token ids.
 
@@ -353,9 +353,16 @@ def load_tokenizer(spec: str | seqio.Vocabulary | None, checkpoint: str | None =
         tokens of the checkpoint that the chosen vocabulary does not have.
     """
     ids = checkpoint_special_ids(checkpoint if checkpoint and os.path.isdir(checkpoint) else None)
-    if spec is None:
-        found = _tokenizer_file(checkpoint) if checkpoint and os.path.isdir(checkpoint) else None
-        spec = found or "sentencepiece"
+    if spec is None and checkpoint and os.path.isdir(checkpoint):
+        spec = _tokenizer_file(checkpoint)
+        if spec is None:  # Guessing the embedded default for a user's model would be silent.
+            raise ValueError(
+                f"the checkpoint {checkpoint!r} holds no tokenizer file {TOKENIZER_FILES}; pass "
+                "its tokenizer as vocabulary = <path of tokenizer.json or the SentencePiece "
+                "model> (e.g. --gin.train.vocabulary=...), or 'sentencepiece' / 'byte' for the "
+                "built-in ones"
+            )
+    spec = "sentencepiece" if spec is None else spec
     if isinstance(spec, seqio.Vocabulary) or spec in VOCABULARY_NAMES:
         vocab = spec if isinstance(spec, seqio.Vocabulary) else get_vocabulary(spec)
         source = type(vocab).__name__ if isinstance(spec, seqio.Vocabulary) else f"'{spec}'"

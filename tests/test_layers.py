@@ -12,7 +12,7 @@ import ast
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "distillspec"
-TOP_MODULES = {"gin_setup", "train", "evaluate", "quickstart", "disco.__main__"}
+TOP_MODULES = {"gin_setup", "train", "evaluate", "quickstart", "disco.__main__", "convert"}
 LAYERS = ("library", "evaluation", "disco", "runs", "top")
 MAX_MODULE_LINES = 620
 MAX_FUNCTION_LINES = 100

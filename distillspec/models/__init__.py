@@ -1,4 +1,4 @@
-"""Models: a decoder-only Transformer (GPT-2 / Llama / Qwen2), T5 v1.1, and HF checkpoint interop.
+"""Models: a decoder-only Transformer (GPT-2 / Llama / Qwen2), T5 v1.1, HF and T5X checkpoints.
 
 Every model implements `distillspec.models.base.DecodingModel` plus `init`, `logical_axes` and
 teacher-forced `logits`. The heavy modules (flax, safetensors) load on first use of a name.
@@ -16,6 +16,10 @@ _EXPORTS = {
     "T5LM": "distillspec.models.t5",
     "from_pretrained": "distillspec.models.hf_interop",
     "save_pretrained": "distillspec.models.hf_interop",
+    "from_t5x": "distillspec.models.t5x",
+    "save_t5x": "distillspec.models.t5x",
+    "checkpoint_format": "distillspec.models.loading",
+    "load_checkpoint": "distillspec.models.loading",
 }
 
 __all__ = sorted(_EXPORTS)

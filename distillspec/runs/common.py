@@ -10,7 +10,7 @@ import numpy as np
 
 from distillspec import checkpoints, tasks
 from distillspec.feature_converters import prompt_batches
-from distillspec.models import from_pretrained, save_pretrained
+from distillspec.models import load_checkpoint, save_pretrained
 from distillspec.vocabularies import Tokenizer, checkpoint_special_ids, load_tokenizer
 
 
@@ -92,8 +92,8 @@ def open_run(
     sets = [(tasks.as_task(task), split) for task, split in eval_sets]
     tokenizer = load_tokenizer(vocabulary, target_checkpoint)
     check_special_tokens({"target": target_checkpoint, **drafts})
-    target, target_params = from_pretrained(target_checkpoint)
-    models = {name: from_pretrained(path) for name, path in drafts.items()}
+    target, target_params = load_checkpoint(target_checkpoint)
+    models = {name: load_checkpoint(path) for name, path in drafts.items()}
     flag = f"{run}.vocab_size"
     check_models_serve(
         {"target": target, **{n: m for n, (m, _) in models.items()}}, tokenizer, vocab_size, flag

@@ -60,13 +60,14 @@ def disco(
 ) -> list[dict[str, Any]]:
     """DISCO for each draft: classifier, tuning, and the DISCO Table 1 evaluation.
 
-    Per draft (a Hugging Face directory): features on num_train_prompts of train_set and on
-    num_validation_prompts of validation_set; the classifier; F1 against the best static-SL
-    rule on validation (Table 4); latency tuning on validation of static SL-opt and of threshold
-    and SL_max for the confidence and DISCO rules; everything saved in `<draft>/disco/` with the
-    draft's fingerprint (a rerun reuses it unless retrain=True or the draft changed). Then every
-    policy is timed at batch 1 on num_prompts of each eval set (greedy), and one record per
-    (eval set, draft, policy) is appended to OUTPUT_DIR/records.jsonl; disco_table.md,
+    Per draft (a Hugging Face or T5X checkpoint directory): features on num_train_prompts of
+    train_set and on num_validation_prompts of validation_set; the classifier; F1 against the
+    best static-SL rule on validation (Table 4); latency tuning on validation of static SL-opt
+    and of threshold and SL_max for the confidence and DISCO rules; everything saved in
+    `<draft>/disco/` with the draft's fingerprint (a rerun reuses it unless retrain=True or the
+    draft changed). Then every policy is timed at batch 1 on num_prompts of each eval set
+    (greedy), and one record per (eval set, draft, policy) is appended to
+    OUTPUT_DIR/records.jsonl; disco_table.md,
     oracle_sl_hist.png and disco_f1.md (Table 4) are written there and the tables are printed.
     """
     # Every classifier and tuning setting is checked before any model is loaded.

@@ -55,7 +55,8 @@ def evaluate(
     heuristic_start: int = 5,
     oracle_sl_max: int = 64,
 ) -> list[dict[str, Any]]:
-    """Evaluates drafts (checkpoint directories) against a target over eval sets and a grid.
+    """Evaluates drafts against a target over eval sets and a grid; the target and each draft are
+    Hugging Face or T5X checkpoint directories (`models.load_checkpoint` tells them apart).
 
     eval_sets are (task, split) pairs; a task is a built-in name, a path to a .jsonl / .txt
     file or directory (`tasks.FileTask`) or a `tasks.TfdsTaskSpec`. vocabulary: the tokenizer

@@ -24,7 +24,7 @@ import jax
 
 from distillspec import checkpoints, datagen, partitioning, tasks, trainer
 from distillspec.feature_converters import prompt_batches
-from distillspec.models import from_pretrained
+from distillspec.models import load_checkpoint
 from distillspec.models.base import TruncatedVocabulary
 from distillspec.models.drafts import DraftSpec, make_draft
 from distillspec.runs.common import check_models_serve, check_special_tokens, export
@@ -37,7 +37,7 @@ def _load_teacher(teacher, teacher_checkpoint, teacher_seed):
     if teacher is not None and teacher_checkpoint is not None:
         raise ValueError("give at most one of train.teacher and train.teacher_checkpoint")
     if teacher_checkpoint is not None:
-        return from_pretrained(teacher_checkpoint)
+        return load_checkpoint(teacher_checkpoint)
     if teacher is not None:
         return teacher, teacher.init(jax.random.PRNGKey(teacher_seed))
     return None, None
@@ -52,7 +52,7 @@ def _load_student(student, student_checkpoint, seed, teacher, teacher_params):
             f"student_checkpoint={student_checkpoint!r}"
         )
     if student_checkpoint is not None:
-        return from_pretrained(student_checkpoint)
+        return load_checkpoint(student_checkpoint)
     if isinstance(student, DraftSpec):
         if teacher is None:
             raise ValueError("train.student = @DraftSpec() makes a draft for the teacher: set "
@@ -175,7 +175,7 @@ def train(
         `models.drafts.DraftSpec`: a draft made for the teacher, fresh or from its layers), or
         a checkpoint directory to warm-start from (exactly one).
       teacher / teacher_checkpoint: the frozen target: an architecture initialised from
-        teacher_seed, or a Hugging Face directory; neither for pretraining.
+        teacher_seed, or a Hugging Face or T5X checkpoint directory; neither for pretraining.
       loop, loss, optimizer, mixture: see their classes.
       mesh_shape: (data, model) device mesh; (1, 1) runs on one device.
       vocabulary: the tokenizer (`vocabularies.load_tokenizer`): 'sentencepiece', 'byte', a

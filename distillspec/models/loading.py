@@ -1,0 +1,81 @@
+"""One entry point for checkpoints: tells a T5X checkpoint from a Hugging Face directory.
+
+`load_checkpoint(path)` is what run functions call for TEACHER/STUDENT/TARGET checkpoints; the
+format is read off the directory's contents, never off its name.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+HF = "hf"
+T5X = "t5x"
+_EXPECTED = (
+    "a Hugging Face directory (config.json + model.safetensors or model.safetensors.index.json), "
+    "a T5X step directory (checkpoint_<step>/ holding a msgpack 'checkpoint' file), or a T5X "
+    "model directory holding checkpoint_<step>/ directories"
+)
+
+
+def checkpoint_format(path: str) -> str:
+    """'hf' or 't5x', from the files in `path`.
+
+    Raises:
+      FileNotFoundError: if `path` does not exist.
+      ValueError: if `path` is neither format, or both; the message says what was expected.
+    """
+    from distillspec.models import t5x_store
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"No checkpoint at {path!r}: it does not exist.")
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    is_hf = "config.json" in names
+    try:
+        t5x_store.find_step_dir(path)
+        is_t5x = True
+    except FileNotFoundError:
+        is_t5x = False
+    if is_hf and is_t5x:
+        raise ValueError(
+            f"{path!r} holds both a Hugging Face config.json and T5X checkpoints; pass the "
+            "checkpoint_<step>/ directory or a directory with the Hugging Face files only."
+        )
+    if is_hf:
+        return HF
+    if is_t5x:
+        return T5X
+    shown = names[:10] + (["..."] if len(names) > 10 else [])
+    raise ValueError(
+        f"{path!r} is not a recognised checkpoint: expected {_EXPECTED}; it holds {shown}."
+    )
+
+
+def load_checkpoint(path: str, **kwargs: Any) -> tuple[Any, Any]:
+    """(model, params) of a T5X checkpoint (`from_t5x`) or a Hugging Face directory
+    (`from_pretrained`), detected by `checkpoint_format`.
+
+    Args:
+      path: the checkpoint directory.
+      **kwargs: `dtype` (compute dtype, both formats); `shardings` (a pytree of shardings like
+        the params: T5X reads each device's slice, Hugging Face params are placed after
+        loading); `config` and `progress` (T5X only: a Hugging Face directory has config.json).
+    """
+    from distillspec.models import hf_interop, t5x
+
+    if checkpoint_format(path) == T5X:
+        return t5x.from_t5x(path, **kwargs)
+    shardings = kwargs.pop("shardings", None)
+    unsupported = sorted(set(kwargs) - {"dtype"})
+    if unsupported:
+        raise ValueError(
+            f"{path!r} is a Hugging Face checkpoint; {unsupported} apply to T5X checkpoints only "
+            "(its config comes from config.json)."
+        )
+    model, params = hf_interop.from_pretrained(path, **kwargs)
+    if shardings is not None:
+        import jax
+
+        params = jax.device_put(params, shardings)
+    return model, params
