@@ -8,6 +8,11 @@ Only this run function and the typed config objects it receives are configurable
 in `distillspec.gin_setup` as `distillspec.train.train`); this module knows nothing of gin.
 Rerunning the same command after an interruption resumes from MODEL_DIR's latest checkpoint.
 
+Multi-process runs (`--multiprocess`, see `distillspec.distributed`): every process runs this
+function with the same configuration (checked at start-up); each reads only its data shards,
+the teacher is created or loaded straight into its shardings, and process 0 alone writes
+config.gin, the logs and export/.
+
 MODEL_DIR receives: config.gin (the configuration of the run), checkpoints/ (orbax),
 train/ (TensorBoard events), metrics.jsonl (one JSON object per step) and export/ (the
 student in Hugging Face format, loadable by `distillspec.models.from_pretrained` and by
@@ -22,7 +27,7 @@ from collections.abc import Mapping
 
 import jax
 
-from distillspec import checkpoints, datagen, partitioning, tasks, trainer
+from distillspec import checkpoints, datagen, distributed, partitioning, tasks, trainer
 from distillspec.feature_converters import prompt_batches
 from distillspec.models import from_pretrained, save_pretrained
 from distillspec.vocabularies import get_vocabulary
@@ -42,13 +47,22 @@ def _load_student(student, student_checkpoint, seed):
     return student, student.init(jax.random.PRNGKey(seed))
 
 
-def _load_teacher(teacher, teacher_checkpoint, teacher_seed):
+def _load_teacher(teacher, teacher_checkpoint, teacher_seed, mesh=None, rules=()):
+    """The teacher, on a mesh created or loaded straight into its shardings (`rules`)."""
     if teacher is not None and teacher_checkpoint is not None:
         raise ValueError("give at most one of train.teacher and train.teacher_checkpoint")
+    place = None
+    if mesh is not None:
+        place = lambda model, shapes: partitioning.shardings_for(
+            shapes, model.logical_axes(), mesh, rules
+        )
     if teacher_checkpoint is not None:
-        return from_pretrained(teacher_checkpoint)
+        return from_pretrained(teacher_checkpoint, shardings=place)
     if teacher is not None:
-        return teacher, teacher.init(jax.random.PRNGKey(teacher_seed))
+        rng = jax.random.PRNGKey(teacher_seed)
+        if mesh is not None:
+            return teacher, partitioning.init_sharded(teacher, rng, mesh, rules)
+        return teacher, teacher.init(rng)
     return None, None
 
 
@@ -98,20 +112,56 @@ def _check_run_args(max_examples, loop: trainer.LoopConfig, mesh_shape) -> None:
         )
 
 
-def _example_store(task, split, lengths, max_examples, batch_size):
+def _example_store(task, split, lengths, max_examples, batch_size, shard=0, num_shards=1):
+    """Shard `shard` of `num_shards` of the split (seqio ShardInfo), its share of max_examples."""
+    if max_examples is not None:
+        max_examples = -(-max_examples // num_shards)
     batches = prompt_batches(
         task, split, batch_size=256, prompt_length=lengths["inputs"],
         completion_length=lengths["targets"], shuffle=False, num_epochs=1,
+        shard=(shard, num_shards),
     )  # fmt: skip
     store = datagen.ExampleStore.from_batches(batches, max_examples)
+    of = f" (data shard {shard} of {num_shards})" if num_shards > 1 else ""
     if len(store) == 0:
         raise ValueError(
-            f"task {task!r} split {split!r} has no usable examples; nothing to train on"
+            f"task {task!r} split {split!r}{of} has no usable examples; nothing to train on"
         )
-    if len(store) < batch_size:
-        print(f"warning: {len(store)} examples < batch size {batch_size}; examples repeat within "
-              "a batch", file=sys.stderr)  # fmt: skip
+    if num_shards > 1:
+        store.shard = (shard,)
+    if len(store) < batch_size // num_shards:
+        print(f"warning: {len(store)} examples{of} < {batch_size // num_shards} rows per batch; "
+              "examples repeat within a batch", file=sys.stderr)  # fmt: skip
     return store
+
+
+def _sharded_data(task, split, lengths, max_examples, loop: trainer.LoopConfig, mesh):
+    """This process's data shards (`partitioning.data_shards`) of the training split."""
+    num_shards, shards = partitioning.data_shards(mesh, loop.batch_size, loop.data_shards)
+    stores = {
+        k: _example_store(task, split, lengths, max_examples, loop.batch_size, k, num_shards)
+        for k in shards
+    }
+    return datagen.ShardedData(stores, num_shards)
+
+
+def _check_same_everywhere(config_text: str, loop: trainer.LoopConfig, teacher_seed) -> None:
+    """Multi-process: every process must run the same configuration and seeds."""
+    distributed.check_same_everywhere(
+        {
+            "LoopConfig.seed": loop.seed,
+            "train.teacher_seed": teacher_seed,
+            "the configuration (config.gin)": config_text,
+        }
+    )
+
+
+def _export(student_model, params, model_dir: str) -> None:
+    """Process 0 writes export/ (the student gathered from every process)."""
+    host_params = distributed.fetch(params)
+    if distributed.is_primary():
+        save_pretrained(student_model, host_params, os.path.join(model_dir, EXPORT_SUBDIR))
+    distributed.barrier("distillspec_export")
 
 
 def train(
@@ -129,6 +179,7 @@ def train(
     optimizer: trainer.OptimizerConfig = trainer.OptimizerConfig(),
     mixture: datagen.DataMixture = datagen.DataMixture(fixed_data_fraction=1.0),
     mesh_shape: tuple[int, int] = (1, 1),
+    fsdp: bool = False,
     vocabulary: str = "sentencepiece",
     max_examples: int | None = None,
     tfds_data_dir: str | None = None,
@@ -146,7 +197,11 @@ def train(
       teacher / teacher_checkpoint: the frozen target: an architecture initialised from
         teacher_seed, or a Hugging Face directory; neither for pretraining.
       loop, loss, optimizer, mixture: see their classes.
-      mesh_shape: (data, model) device mesh; (1, 1) runs on one device.
+      mesh_shape: (data, model) device mesh over every process's devices; (1, 1) runs on one
+        device.
+      fsdp: also split the teacher's, the student's and the optimizer state's parameters
+        over the mesh's 'data' axis (FSDP style, `partitioning.FSDP_RULES`), not only over
+        'model'.
       vocabulary: 'sentencepiece' or 'byte' (shared by every model of a project).
       max_examples: use only the first examples of the split (smoke tests).
       tfds_data_dir: where prepared TFDS data sets live (the paper's tasks).
@@ -159,22 +214,27 @@ def train(
     """
     checkpoints.check_writable(model_dir)
     _check_run_args(max_examples, loop, mesh_shape)
-    if tuple(mesh_shape) != (1, 1):
+    _check_same_everywhere(config_text, loop, teacher_seed)
+    if tuple(mesh_shape) != (1, 1) or jax.process_count() > 1:
         mesh = partitioning.make_mesh(*mesh_shape)
     else:
         mesh = None
+    rules = partitioning.param_rules(fsdp)
     vocab = get_vocabulary(vocabulary) if isinstance(vocabulary, str) else vocabulary
     tasks.register_tasks(vocab, tfds_data_dir=tfds_data_dir)
     student_model, params = _load_student(student, student_checkpoint, loop.seed)
-    teacher_model, teacher_params = _load_teacher(teacher, teacher_checkpoint, teacher_seed)
+    teacher_model, teacher_params = _load_teacher(
+        teacher, teacher_checkpoint, teacher_seed, mesh, rules
+    )
     _check_compatible(student_model, teacher_model, loss, vocab.vocab_size, mixture)
-    store = _example_store(task, split, task_feature_lengths, max_examples, loop.batch_size)
-    with open(os.path.join(model_dir, "config.gin"), "w") as f:
-        f.write(config_text)
+    data = _sharded_data(task, split, task_feature_lengths, max_examples, loop, mesh)
+    if distributed.is_primary():
+        with open(os.path.join(model_dir, "config.gin"), "w") as f:
+            f.write(config_text)
     models = trainer.Models(student_model, teacher_model, teacher_params)
     params = trainer.fit(
-        model_dir, models, params, store, loop, loss, optimizer,
-        mixture=mixture, eos_id=vocab.eos_id, mesh=mesh, console=console,
+        model_dir, models, params, data, loop, loss, optimizer,
+        mixture=mixture, eos_id=vocab.eos_id, mesh=mesh, rules=rules, console=console,
     )  # fmt: skip
-    save_pretrained(student_model, jax.device_get(params), os.path.join(model_dir, EXPORT_SUBDIR))
+    _export(student_model, params, model_dir)
     return params
