@@ -101,12 +101,17 @@ def main(name: str, argv: list[str] | None = None) -> Any:
         return None
 
 
-def _main_multiprocess(name: str, args: argparse.Namespace) -> Any:
+def check_multiprocess_run(name: str) -> None:
+    """Raises ValueError if run `name` cannot take --multiprocess (it runs on one device)."""
     if name not in MULTIPROCESS_RUNS:
         raise ValueError(
             f"python -m distillspec.{name} runs in one process on one device; --multiprocess "
             f"applies to {', '.join(f'python -m distillspec.{r}' for r in MULTIPROCESS_RUNS)}"
         )
+
+
+def _main_multiprocess(name: str, args: argparse.Namespace) -> Any:
+    check_multiprocess_run(name)
     config = distributed.DistributedConfig(
         coordinator_address=args.coordinator_address,
         process_count=args.process_count,

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from distillspec import gin_setup, metrics
+from distillspec import gin_setup, metrics, quickstart
 from distillspec.models import from_pretrained
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -271,6 +271,9 @@ def test_bad_multiprocess_flags_are_rejected(tmp_path, flags, pattern, capsys):
 def test_runs_without_a_mesh_refuse_multiprocess():
     with pytest.raises(ValueError, match=r"distillspec.evaluate runs in one process"):
         gin_setup.main("evaluate", ["--multiprocess"])
+    with pytest.raises(ValueError, match=r"distillspec.quickstart runs in one process"):
+        quickstart.main(["--multiprocess"])
+    assert not jax.distributed.is_initialized()
 
 
 def test_processes_with_different_seeds_stop_at_start_up_naming_them(tmp_path, env):
