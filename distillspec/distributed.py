@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import math
 import os
 import signal
@@ -191,16 +192,20 @@ def _difference(name: str, values: list[str]) -> str:
 def check_same_everywhere(values: Mapping[str, str]) -> None:
     """Raises ValueError naming each of `values` that differs between processes.
 
-    Every process must call it with the same names (it is a collective); a single process
-    returns at once.
+    Every process must call it with the same names (it is a collective: one gather of digests,
+    and of the texts that differ only then); a single process returns at once.
     """
     if jax.process_count() == 1:
         return
-    problems = []
-    for name, value in values.items():
-        gathered = _gather_text(str(value))
-        if len(set(gathered)) > 1:
-            problems.append(_difference(name, gathered))
+    texts = {name: str(value) for name, value in values.items()}
+    digests = b"".join(hashlib.sha256(text.encode()).digest() for text in texts.values())
+    gathered = np.asarray(multihost_utils.process_allgather(np.frombuffer(digests, np.uint8)))
+    differs = (gathered != gathered[0]).reshape(len(gathered), len(texts), -1).any(axis=(0, 2))
+    problems = [
+        _difference(name, _gather_text(text))
+        for (name, text), odd in zip(texts.items(), differs)
+        if odd
+    ]
     if problems:
         raise ValueError(
             "the processes of this run were started with different settings; every process "
