@@ -129,41 +129,10 @@ def _assert_close_trees(a, b, atol):
 
 
 # ------------------------------------------------------------------------------------------------
-# 2 processes x 2 devices against 1 process x 4 devices, started together.
-
-
-@pytest.fixture(scope="module")
-def reference_runs(tmp_path_factory, env):
-    """The tiny run in one process (4 devices) and in two (2 devices each): (root, outputs)."""
-    root = tmp_path_factory.mktemp("multiprocess")
-    four = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    one = ([sys.executable, "-m", "distillspec.train", *_train_flags(root / "one")], four)
-    outputs = _run((*one, root / "one.log"), _two_processes(root / "two", env, root / "two.log"))
-    for status, output, _ in outputs:
-        assert status == 0, output[-4000:]
-    return root, [output for _, output, _ in outputs]
-
-
-def test_two_processes_log_the_losses_and_export_the_student_of_one(reference_runs):
-    root, (_, two_output) = reference_runs
-    one, two = _losses(root / "one"), _losses(root / "two")
-    assert sorted(one) == sorted(two) == list(range(1, 9))
-    np.testing.assert_allclose([two[s] for s in one], list(one.values()), rtol=1e-5)
-    _assert_close_trees(_exported(root / "two"), _exported(root / "one"), atol=1e-5)
-    # Process 0 alone writes the logs and config: one metrics line per step, one event file.
-    assert [r["step"] for r in metrics.read_metrics(str(root / "two"))] == list(range(1, 9))
-    assert len(os.listdir(root / "two" / "train")) == 1
-    assert "train.fsdp = True" in (root / "two" / "config.gin").read_text()
-    assert sorted(int(s) for s in os.listdir(root / "two" / "checkpoints")) == [4, 8]
-    # Bytes per device at start-up: sharded over the 4 devices of the 2 x 2 mesh.
-    for name in ("teacher", "student", "optimizer state"):
-        line = next(x for x in two_output.splitlines() if x.startswith(f"{name}: "))
-        assert "per device (largest of this process's 2 devices)" in line
-        assert float(line.rsplit("(1/", 1)[1].rstrip(")")) > 3.5, line
-
-
-# ------------------------------------------------------------------------------------------------
-# Preemption (SIGTERM) and a lost process (SIGKILL), then the same command.
+# The runs that do not depend on each other start together: the tiny run in 1 process x 4
+# devices and in 2 processes x 2 devices, the first leg of the preemption test (SIGTERM), and
+# two processes started with different seeds. Processes waiting for each other (one compiles,
+# the other waits in a collective) leave a core idle that the other runs use.
 
 _SIGNAL_AFTER_STEP = """
 import os, signal, sys
@@ -182,16 +151,59 @@ gin_setup.main("train", sys.argv[1:])
 """
 
 
-def test_preempted_then_killed_run_resumes_to_the_uninterrupted_losses(
-    tmp_path, env, reference_runs
-):
-    root, _ = reference_runs
-    model_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def first_runs(tmp_path_factory, env) -> tuple[pathlib.Path, dict[str, tuple[int, str, float]]]:
+    """(root, {name: (exit status, output, seconds)}) of the runs started together."""
+    root = tmp_path_factory.mktemp("multiprocess")
+    python = [sys.executable, "-m", "distillspec.train"]
+    four = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    two = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    port = f"--coordinator_address=127.0.0.1:{_free_port()}"
+
+    def seeds(index: int):
+        flags = _train_flags(root / "seeds", f"--gin.LoopConfig.seed={index}")
+        command = [*python, "--multiprocess", port, "--process_count=2", f"--process_index={index}"]
+        return command + flags, two, root / f"seed_{index}.log"
+
     # SIGTERM to process 1 after step 2: both processes save at a step they agree on, exit 0.
     term = dict(env, SIGNAL_STEP="2", SIGNAL_NAME="SIGTERM")
-    [(status, output, _)] = _run(
-        _two_processes(model_dir, term, tmp_path / "term.log", wrapper=_SIGNAL_AFTER_STEP)
-    )
+    runs = {
+        "one": ([*python, *_train_flags(root / "one")], four, root / "one.log"),
+        "two": _two_processes(root / "two", env, root / "two.log"),
+        "term": _two_processes(
+            root / "interrupted", term, root / "term.log", wrapper=_SIGNAL_AFTER_STEP
+        ),
+        "seed 0": seeds(0),
+        "seed 1": seeds(1),
+    }
+    return root, dict(zip(runs, _run(*runs.values())))
+
+
+def test_two_processes_log_the_losses_and_export_the_student_of_one(first_runs):
+    root, runs = first_runs
+    for name in ("one", "two"):
+        assert runs[name][0] == 0, runs[name][1][-4000:]
+    one, two = _losses(root / "one"), _losses(root / "two")
+    assert sorted(one) == sorted(two) == list(range(1, 9))
+    np.testing.assert_allclose([two[s] for s in one], list(one.values()), rtol=1e-5)
+    _assert_close_trees(_exported(root / "two"), _exported(root / "one"), atol=1e-5)
+    # Process 0 alone writes the logs and config: one metrics line per step, one event file.
+    assert [r["step"] for r in metrics.read_metrics(str(root / "two"))] == list(range(1, 9))
+    assert len(os.listdir(root / "two" / "train")) == 1
+    assert "train.fsdp = True" in (root / "two" / "config.gin").read_text()
+    assert sorted(int(s) for s in os.listdir(root / "two" / "checkpoints")) == [4, 8]
+    # Bytes per device at start-up: sharded over the 4 devices of the 2 x 2 mesh.
+    for name in ("teacher", "student", "optimizer state"):
+        line = next(x for x in runs["two"][1].splitlines() if x.startswith(f"{name}: "))
+        assert "per device (largest of this process's 2 devices)" in line
+        assert float(line.rsplit("(1/", 1)[1].rstrip(")")) > 3.5, line
+
+
+def test_preempted_then_killed_run_resumes_to_the_uninterrupted_losses(tmp_path, env, first_runs):
+    root, runs = first_runs
+    model_dir = root / "interrupted"
+    # The first leg (in first_runs): SIGTERM to process 1 after step 2.
+    status, output, _ = runs["term"]
     assert status == 0, output[-4000:]
     saved = [int(s) for s in os.listdir(model_dir / "checkpoints")]
     assert len(saved) == 1 and 2 < saved[0] < 8, saved
@@ -276,25 +288,16 @@ def test_runs_without_a_mesh_refuse_multiprocess():
     assert not jax.distributed.is_initialized()
 
 
-def test_processes_with_different_seeds_stop_at_start_up_naming_them(tmp_path, env):
-    port = f"--coordinator_address=127.0.0.1:{_free_port()}"
-
-    def process(index: int):
-        command = [
-            sys.executable, "-m", "distillspec.train", "--multiprocess", port,
-            "--process_count=2", f"--process_index={index}",
-            *_train_flags(tmp_path / "run", f"--gin.LoopConfig.seed={index}"),
-        ]  # fmt: skip
-        two = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-        return command, two, tmp_path / f"process_{index}.log"
-
-    for status, output, _ in _run(process(0), process(1)):
+def test_processes_with_different_seeds_stop_at_start_up_naming_them(first_runs):
+    root, runs = first_runs
+    for name in ("seed 0", "seed 1"):
+        status, output, _ = runs[name]
         assert status == 1, output[-3000:]
         assert "started with different settings" in output
         assert "LoopConfig.seed: process 0 has '0', process 1 has '1'" in output
         assert "the configuration (config.gin) differs between process 0 and process 1" in output
         assert "+LoopConfig.seed = 1" in output
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (root / "seeds" / "metrics.jsonl").exists()
 
 
 # ------------------------------------------------------------------------------------------------
