@@ -9,6 +9,10 @@ Crash safety comes from orbax: a save writes `<step>.orbax-checkpoint-tmp-*` and
 directory, which the manager ignores (and deletes on the next start). Saves here are synchronous:
 when `save` returns, the checkpoint is final.
 
+Multi-process runs: every process calls the same methods in the same order; orbax writes each
+array's shards from the processes that hold them and the metadata from process 0 (its primary
+host), with barriers in between. MODEL_DIR must be one directory that every process sees.
+
 What a restore cannot catch: OCDBT data is not checksummed, so a flipped bit inside an array
 chunk restores silently. Truncated or missing files, the usual result of a full disk or an
 interrupted copy, fail the restore and trigger the fallback to the previous checkpoint.
@@ -26,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 PyTree = Any
 
@@ -148,6 +153,11 @@ class Checkpointer:
         self._manager.save(step, args=ocp.args.StandardSave(state), force=force)
         self._manager.wait_until_finished()
 
+    def reached_preemption(self, step: int) -> bool:
+        """orbax's preemption signal: True at the step every process agreed to stop at after
+        one of them received SIGTERM (multi-process runs only; False otherwise)."""
+        return self._manager.reached_preemption(step)
+
     def all_steps(self) -> list[int]:
         """Finalized checkpoint steps, oldest first (temporary directories excluded)."""
         return sorted(self._manager.all_steps())
@@ -203,15 +213,18 @@ class Checkpointer:
         """Moves unrestorable step directories aside so the resumed run can save those steps."""
         if not steps:
             return
-        corrupt_root = os.path.join(os.path.dirname(self.directory), CORRUPT_SUBDIR)
-        os.makedirs(corrupt_root, exist_ok=True)
-        for step in steps:
-            src = os.path.join(self.directory, str(step))
-            dst = os.path.join(corrupt_root, str(step))
-            if os.path.exists(dst):
-                shutil.rmtree(dst)
-            shutil.move(src, dst)
-            logging.warning("Moved unrestorable checkpoint %s to %s", src, dst)
+        if jax.process_index() == 0:  # One mover; the others wait for it below.
+            corrupt_root = os.path.join(os.path.dirname(self.directory), CORRUPT_SUBDIR)
+            os.makedirs(corrupt_root, exist_ok=True)
+            for step in steps:
+                src = os.path.join(self.directory, str(step))
+                dst = os.path.join(corrupt_root, str(step))
+                if os.path.exists(dst):
+                    shutil.rmtree(dst)
+                shutil.move(src, dst)
+                logging.warning("Moved unrestorable checkpoint %s to %s", src, dst)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("distillspec_checkpoint_quarantine")
         self._manager.reload()
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec.decoding import generate
+from distillspec.decoding import generate_on_device
 from distillspec.sampling import SamplingConfig
 
 DATASET, STUDENT, TEACHER = 0, 1, 2
@@ -166,6 +166,7 @@ class ExampleStore:
     prompt_lengths: np.ndarray  # [n] int32, >= 1.
     completions: np.ndarray  # [n, N] int32, right-padded.
     completion_lengths: np.ndarray  # [n] int32.
+    shard: tuple[int, ...] = ()  # (index,) of a data shard: its own permutations (ShardedData).
 
     def __post_init__(self):
         self._perms: dict[tuple[int, int], np.ndarray] = {}
@@ -198,7 +199,9 @@ class ExampleStore:
     def _perm(self, seed: int, epoch: int) -> np.ndarray:
         if (seed, epoch) not in self._perms:
             self._perms = {
-                (seed, epoch): np.random.default_rng([seed, epoch]).permutation(len(self))
+                (seed, epoch): np.random.default_rng([seed, epoch, *self.shard]).permutation(
+                    len(self)
+                )
             }
         return self._perms[(seed, epoch)]
 
@@ -218,28 +221,60 @@ class ExampleStore:
         }
 
 
+@dataclasses.dataclass
+class ShardedData:
+    """The data shards of the training split that this process reads.
+
+    The split is read in `num_shards` seqio shards (ShardInfo); the global batch of step s is
+    the concatenation, in shard order, of every shard's `ExampleStore.batch(seed, s,
+    batch_size // num_shards)`. A process holds the stores of its own shards only, and
+    `batch` returns its rows of the global batch; processes that are model-parallel replicas
+    of each other hold the same shards. One shard is `ExampleStore.batch` itself.
+    """
+
+    stores: dict[int, ExampleStore]  # {shard index: that shard's examples}, this process's.
+    num_shards: int = 1  # Shards of the whole split, over all processes.
+
+    def batch(self, seed: int, step: int, batch_size: int) -> dict[str, np.ndarray]:
+        """This process's rows of step `step`'s global batch of `batch_size` examples."""
+        per_shard = batch_size // self.num_shards
+        parts = [self.stores[k].batch(seed, step, per_shard) for k in sorted(self.stores)]
+        return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+
+
+def present_sources(sources: np.ndarray) -> tuple[int, ...]:
+    """The generated sources (STUDENT, TEACHER) that occur in a step's [B] sources."""
+    return tuple(source for source in (STUDENT, TEACHER) if np.any(sources == source))
+
+
 def step_completions(
-    batch: dict, sources: np.ndarray, models: dict, rng: jax.Array, mixture: DataMixture, eos_id
-) -> tuple[np.ndarray, np.ndarray]:
+    batch: dict, sources, models: dict, rng: jax.Array, mixture: DataMixture, eos_id,
+    present: tuple[int, ...],
+) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """This step's completions [B, N] and lengths [B]: data rows, student or teacher samples.
 
+    Traceable: the trainer calls it inside jit, on the global arrays of a multi-process run,
+    so that sampling never leaves the devices.
+
     Args:
-      batch: an `ExampleStore.batch`.
+      batch: an `ExampleStore.batch` (arrays).
       sources: [B] source per example (`step_sources`).
-      models: {STUDENT: (model, params), TEACHER: (model, params)}; only the sources that
-        occur are sampled, each once for the whole batch.
+      models: {STUDENT: (model, params), TEACHER: (model, params)}.
       rng: this step's key; eos_id: sampling stops a row after this id.
+      present: the generated sources that occur in `sources` (`present_sources`, static):
+        only these are sampled, each once for the whole batch.
     """
     prompts, lengths = batch["prompt_tokens"], batch["prompt_lengths"]
-    candidates = {DATASET: (batch["completion_tokens"], batch["completion_lengths"])}
+    tokens = jnp.asarray(batch["completion_tokens"], jnp.int32)
+    token_lengths = jnp.asarray(batch["completion_lengths"], jnp.int32)
     sampling = SamplingConfig(temperature=mixture.temperature)
-    for source in (STUDENT, TEACHER):
-        if np.any(sources == source):
-            model, params = models[source]
-            out = generate(
-                model, params, prompts, lengths, jax.random.fold_in(rng, source),
-                max_new_tokens=batch["completion_tokens"].shape[1], sampling=sampling,
-                eos_id=eos_id,
-            )  # fmt: skip
-            candidates[source] = (out.tokens, out.lengths)
-    return select_rows(sources, candidates)
+    for source in present:
+        model, params = models[source]
+        out = generate_on_device(
+            model, params, prompts, lengths, jax.random.fold_in(rng, source),
+            max_new_tokens=tokens.shape[1], sampling=sampling, eos_id=eos_id,
+        )  # fmt: skip
+        rows = sources == source
+        tokens = jnp.where(rows[:, None], out["tokens"], tokens)
+        token_lengths = jnp.where(rows, out["lengths"], token_lengths)
+    return tokens, token_lengths

@@ -368,8 +368,7 @@ def _run(
     prompt_tokens, prompt_lengths = _check_prompt(prompt_tokens, prompt_lengths, min(sizes))
     rng = jax.random.PRNGKey(0) if rng is None else rng
     fn = _compiled(target, draft, spec)
-    out = fn(target_params, draft_params, prompt_tokens, prompt_lengths, rng, inputs)
-    return DecodeResult(**jax.device_get(out))
+    return fn(target_params, draft_params, prompt_tokens, prompt_lengths, rng, inputs)
 
 
 def _policy_inputs(policy: Lookahead, classifier, oracle_tokens, spec: _Spec, batch: int):
@@ -439,6 +438,30 @@ def generate(
     Returns:
       DecodeResult; target_calls counts one per generated token.
     """
+    out = generate_on_device(
+        model, params, prompt_tokens, prompt_lengths, rng, max_new_tokens=max_new_tokens,
+        sampling=sampling, eos_id=eos_id, vocab_size=vocab_size,
+    )  # fmt: skip
+    return DecodeResult(**jax.device_get(out))
+
+
+def generate_on_device(
+    model: DecodingModel,
+    params,
+    prompt_tokens,
+    prompt_lengths,
+    rng: jax.Array | None = None,
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    eos_id: int | None = None,
+    vocab_size: int | None = None,
+) -> dict[str, jax.Array]:
+    """`generate` without the transfer to the host: DecodeResult's fields as device arrays.
+
+    Traceable, so training calls it inside jit for on-policy samples; and fit for the global
+    arrays of a multi-process run, which no single host can read whole.
+    """
     spec = _Spec(
         0, None, max_new_tokens, sampling, None, eos_id, shared_vocab_size(model, None, vocab_size)
     )
@@ -496,6 +519,7 @@ def speculative_generate(
         shared_vocab_size(target, draft, vocab_size),
     )
     inputs = _policy_inputs(lookahead, classifier, oracle_tokens, spec, np.shape(prompt_tokens)[0])
-    return _run(
+    out = _run(
         target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec, inputs
     )
+    return DecodeResult(**jax.device_get(out))

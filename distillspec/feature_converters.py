@@ -76,11 +76,16 @@ class _BatchBuilder:
         return batch
 
 
-def _tokenized_dataset(task: seqio.Task, split: str, seed: int) -> tf.data.Dataset:
-    """The task's tokenized split in source order (shuffling happens per epoch, seeded)."""
+def _tokenized_dataset(
+    task: seqio.Task, split: str, seed: int, shard: tuple[int, int] = (0, 1)
+) -> tf.data.Dataset:
+    """The task's tokenized split (or one shard of it) in source order (shuffling happens per
+    epoch, seeded)."""
+    index, count = shard
     return task.get_dataset(
-        sequence_length=None, split=split, shuffle=False, seed=seed, use_cached=False
-    )
+        sequence_length=None, split=split, shuffle=False, seed=seed, use_cached=False,
+        shard_info=seqio.ShardInfo(index, count) if count > 1 else None,
+    )  # fmt: skip
 
 
 def prompt_batches(
@@ -97,6 +102,7 @@ def prompt_batches(
     shuffle_buffer: int = 10_000,
     lm_prompt_tokens: int = 8,
     bos_id: int | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> Iterator[dict[str, np.ndarray]]:
     """Yields fixed-shape numpy batches of prompts and reference completions.
 
@@ -117,6 +123,8 @@ def prompt_batches(
       shuffle_buffer: tf.data shuffle buffer size.
       lm_prompt_tokens: prompt size for targets-only tasks.
       bos_id: a prompt starting with this id keeps it when truncated from the left.
+      shard: (index, count): read only shard `index` of `count` (seqio ShardInfo: by source
+        files where there are enough, else every count-th example), e.g. one process's share.
 
     Yields:
       {'prompt_tokens': [B, P] int32, 'prompt_lengths': [B] int32,
@@ -131,7 +139,7 @@ def prompt_batches(
     builder = _BatchBuilder(batch_size, prompt_length, completion_length, bos_id)
     epoch = 0
     while num_epochs is None or epoch < num_epochs:
-        ds = _tokenized_dataset(task, split, seed)
+        ds = _tokenized_dataset(task, split, seed, shard)
         if shuffle:
             ds = ds.shuffle(shuffle_buffer, seed=_epoch_seed(seed, epoch))
         seen = 0

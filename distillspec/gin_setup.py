@@ -5,7 +5,9 @@ config objects are registered here as external configurables under the names con
 (`distillspec.train.train`, `distillspec.evaluate.evaluate`, `distillspec.quickstart.quickstart`,
 `distillspec.disco.disco`), so a gin file can say `train.model_dir = %MODEL_DIR` or
 `LossConfig.divergence = 'jsd'`, and the modules that define them stay plain Python.
-The `python -m distillspec.<run>` entry points call `main(run name)`.
+The `python -m distillspec.<run>` entry points call `main(run name)`; for training, `main` also
+starts a multi-process run (`--multiprocess`, `distillspec.distributed`) before anything
+touches the JAX backend.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import os
 import pathlib
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import gin
 
-from distillspec import datagen, tasks, trainer
+from distillspec import datagen, distributed, tasks, trainer
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
 from distillspec.models.drafts import DraftSpec
 from distillspec.runs import disco, evaluate, quickstart, train
@@ -82,10 +85,81 @@ def scoped_run(scope_name: str, name: str) -> Callable[..., Any]:
     return run
 
 
+MULTIPROCESS_RUNS = ("train",)  # The runs that use a device mesh; the others run on one device.
+
+
 def main(name: str, argv: list[str] | None = None) -> Any:
-    """`python -m distillspec.<name>`: parses the flags (`parse_command_line`), runs `name`."""
-    parse_command_line(list(argv if argv is not None else sys.argv[1:]), name)
-    return run_function(name)()
+    """`python -m distillspec.<name>`: parses the flags (`parse_command_line`), runs `name`.
+
+    With --multiprocess, joins the other processes first (`distributed.initialize`). A run
+    stopped by a preemption request (SIGTERM) has saved a checkpoint: it says so and returns
+    normally (exit status 0); the same command resumes it.
+    """
+    args = parse_command_line(list(argv if argv is not None else sys.argv[1:]), name)
+    if args.multiprocess:
+        return _main_multiprocess(name, args)
+    try:
+        return run_function(name)()
+    except trainer.Preempted as e:
+        print(e, file=sys.stderr)
+        return None
+
+
+def check_multiprocess_run(name: str) -> None:
+    """Raises ValueError if run `name` cannot take --multiprocess (it runs on one device)."""
+    if name not in MULTIPROCESS_RUNS:
+        raise ValueError(
+            f"python -m distillspec.{name} runs in one process on one device; --multiprocess "
+            f"applies to {', '.join(f'python -m distillspec.{r}' for r in MULTIPROCESS_RUNS)}"
+        )
+
+
+def _main_multiprocess(name: str, args: argparse.Namespace) -> Any:
+    check_multiprocess_run(name)
+    config = distributed.DistributedConfig(
+        coordinator_address=args.coordinator_address,
+        process_count=args.process_count,
+        process_index=args.process_index,
+        initialization_timeout=args.initialization_timeout,
+    )
+    mesh_shape = _bound("train.mesh_shape", (1, 1))  # A macro or reference: checked later.
+    mesh_shape = mesh_shape if isinstance(mesh_shape, (tuple, list)) else None
+    distributed.initialize(config, mesh_shape=mesh_shape)
+    try:
+        return run_function(name)()
+    except trainer.Preempted as e:
+        print(e, file=sys.stderr)
+        return None
+    except BaseException:
+        # Exiting normally would wait in jax.distributed's shutdown barrier for processes
+        # that may be stuck in a collective with this one; leave at once instead.
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _bound(name: str, default: Any) -> Any:
+    """The value gin binds to `name`, or `default`."""
+    try:
+        return gin.query_parameter(name)
+    except ValueError:
+        return default
+
+
+def _add_multiprocess_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("multi-process runs (T5X's flags)")
+    group.add_argument(
+        "--multiprocess", action="store_true",
+        help="join a multi-process run (jax.distributed); addresses not given are detected "
+        "from the cluster (Cloud TPU VM metadata, SLURM, Open MPI)",
+    )  # fmt: skip
+    group.add_argument("--coordinator_address", help="host:port of process 0")
+    group.add_argument("--process_count", type=int, help="number of processes")
+    group.add_argument("--process_index", type=int, help="this process, in [0, process_count)")
+    group.add_argument(
+        "--initialization_timeout", type=int, default=300,
+        help="seconds to wait for the coordinator and every process (default 300)",
+    )  # fmt: skip
 
 
 def _binding(flag: str) -> str:
@@ -103,16 +177,23 @@ def parse_command_line(argv: list[str], run_name: str) -> argparse.Namespace:
     Flags: --gin_file (repeatable; searched in the working directory, --gin_search_paths and
     the repository's configs/), --gin.NAME=VALUE (repeatable bindings, applied after the
     files), --gin_search_paths=DIR[,DIR...], --tfds_data_dir=DIR (bound to
-    `<run_name>.tfds_data_dir`).
+    `<run_name>.tfds_data_dir`); --multiprocess [--coordinator_address=HOST:PORT
+    --process_count=N --process_index=I] [--initialization_timeout=SECONDS] (see `main`).
     """
     parser = argparse.ArgumentParser(prog=f"python -m distillspec.{run_name}")
     parser.add_argument("--gin_file", action="append", default=[], help="gin config file(s)")
     parser.add_argument("--gin_search_paths", default="", help="comma-separated directories")
     parser.add_argument("--tfds_data_dir", default=None, help="prepared TFDS data sets")
+    _add_multiprocess_flags(parser)
     args, rest = parser.parse_known_args(argv)
     unknown = [a for a in rest if not a.startswith("--gin.")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    addresses = (args.coordinator_address, args.process_count, args.process_index)
+    if not args.multiprocess and any(a is not None for a in addresses):
+        parser.error(
+            "--coordinator_address, --process_count and --process_index need --multiprocess"
+        )
     bindings = [_binding(flag) for flag in rest]
     if args.tfds_data_dir:
         bindings.append(f"{run_name}.tfds_data_dir = {args.tfds_data_dir!r}")

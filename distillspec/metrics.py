@@ -5,7 +5,10 @@ the record that tables and plots read. TensorBoard event files go to `MODEL_DIR/
 
 Resuming: lines logged after the last checkpoint and before a crash describe steps the resumed
 run will redo. `MetricsLogger` therefore drops every line with step > `start_step` when it
-opens the file (`truncate_after`), so the log of a resumed run equals an uninterrupted run's.
+opens the file (`truncate_after`), and every TensorBoard event with step > `start_step`
+(`purge_events_after`), so the logs of a resumed run equal an uninterrupted run's.
+
+Multi-process runs log from process 0 only (the trainer opens no logger elsewhere).
 
 TensorFlow is imported lazily, inside `MetricsLogger`, and only for the event writer; reading
 and truncating metrics.jsonl needs no TensorFlow.
@@ -50,6 +53,62 @@ def truncate_after(model_dir: str, step: int) -> None:
     if not os.path.exists(path):
         return
     write_jsonl_atomic(path, [r for r in read_jsonl(path) if r["step"] <= step])
+
+
+def _event_files(logdir: str) -> list[str]:
+    if not os.path.isdir(logdir):
+        return []
+    return sorted(os.path.join(logdir, name) for name in os.listdir(logdir) if "tfevents" in name)
+
+
+def _events(tf: Any, path: str) -> list[bytes]:
+    """The serialized events of one file; a torn last record (a kill -9 mid-write) ends it."""
+    records = []
+    try:
+        for record in tf.data.TFRecordDataset(path):
+            records.append(record.numpy())
+    except tf.errors.DataLossError:
+        pass
+    return records
+
+
+def purge_events_after(logdir: str, step: int) -> None:
+    """Drops TensorBoard events with step > `step` from the event files under `logdir`.
+
+    Each changed file is rewritten to a temporary file that then replaces it (`os.replace`).
+    """
+    files = _event_files(logdir)
+    if not files:
+        return
+    tf = _import_tf()
+    from tensorflow.core.util import event_pb2
+
+    for path in files:
+        records = _events(tf, path)
+        kept = [r for r in records if event_pb2.Event.FromString(r).step <= step]
+        if len(kept) == len(records):
+            continue
+        temporary = os.path.join(logdir, ".purge.tmp")
+        with tf.io.TFRecordWriter(temporary) as writer:
+            for record in kept:
+                writer.write(record)
+        os.replace(temporary, path)
+
+
+def read_events(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} of the scalar events under `logdir`, in file order."""
+    tf = _import_tf()
+    from tensorflow.core.util import event_pb2
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in _event_files(logdir):
+        for record in _events(tf, path):
+            event = event_pb2.Event.FromString(record)
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append(
+                    (event.step, float(tf.make_ndarray(value.tensor)))
+                )
+    return scalars
 
 
 def _import_tf() -> Any:
@@ -103,7 +162,7 @@ class MetricsLogger:
     """
 
     def __init__(self, model_dir: str, total_steps: int, start_step: int = 0, console: bool = True):
-        """Opens the outputs; drops metrics.jsonl records with step > `start_step`.
+        """Opens the outputs; drops metrics.jsonl records and events with step > `start_step`.
 
         Args:
           model_dir: the run's MODEL_DIR (created if missing).
@@ -121,6 +180,7 @@ class MetricsLogger:
         os.makedirs(model_dir, exist_ok=True)
         self.model_dir = model_dir
         truncate_after(model_dir, start_step)
+        purge_events_after(os.path.join(model_dir, TENSORBOARD_SUBDIR), start_step)
         self._file = open(_metrics_path(model_dir), "a")
         self._events = _EventWriter(os.path.join(model_dir, TENSORBOARD_SUBDIR))
         self._bar = None

@@ -3,13 +3,19 @@
 Every parameter carries logical axis names (see `distillspec.models.layers`); a rule table maps
 each logical name to a mesh axis, or to None for replication. Batches split their leading axis
 over 'data'. With `model=1` this is plain data parallelism; with `data=1`, tensor parallelism
-(Megatron style: heads, feed-forward width and vocabulary split over 'model').
+(Megatron style: heads, feed-forward width and vocabulary split over 'model'). `FSDP_RULES`
+also split every parameter's 'embed' dimension over 'data' (T5X's 2-D parameter partitioning,
+FSDP style): each device then holds about 1 / (data x model) of the parameters.
 
-Single process only: `shard_batch` places host arrays with `jax.device_put`.
+Multi-process: the mesh spans every process's devices, each process's devices a contiguous
+block of batch rows (`process_rows`); `assemble_batch` builds global arrays from each process's
+own rows, and `data_shards` says which data shards a process reads. `shard_batch` instead
+places a whole host batch that every process holds.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -43,6 +49,15 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("relpos_buckets", None),
     ("length", None),
 )
+# DEFAULT_RULES with parameters' 'embed' dimension also split over 'data' (FSDP style).
+FSDP_RULES: tuple[tuple[str, str | None], ...] = tuple(
+    (name, "data" if name == "embed" else axis) for name, axis in DEFAULT_RULES
+)
+
+
+def param_rules(fsdp: bool) -> Rules:
+    """The parameter rules: FSDP_RULES with parameter sharding over 'data', else DEFAULT_RULES."""
+    return FSDP_RULES if fsdp else DEFAULT_RULES
 
 
 def make_mesh(data: int, model: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -53,12 +68,24 @@ def make_mesh(data: int, model: int, devices: Sequence[jax.Device] | None = None
     """
     devices = list(jax.devices() if devices is None else devices)
     if data < 1 or model < 1 or data * model != len(devices):
+        processes = jax.process_count()
+        where = (
+            f" ({processes} processes x {jax.local_device_count()} local devices)"
+            if processes > 1
+            else ""
+        )
         raise ValueError(
             f"mesh data={data} x model={model} = {data * model} devices, but {len(devices)} "
-            f"are available; choose data and model (each >= 1) whose product is {len(devices)}"
+            f"are available{where}; choose data and model (each >= 1) whose product is "
+            f"{len(devices)}"
         )
+    if jax.process_count() > 1:
+        # Each process's devices in one block (CPU and GPU reshape the list as given).
+        devices.sort(key=lambda d: (d.process_index, d.id))
     # create_device_mesh orders devices by physical topology on TPU; on CPU/GPU it reshapes.
-    grid = mesh_utils.create_device_mesh((data, model), devices=devices)
+    grid = mesh_utils.create_device_mesh(
+        (data, model), devices=devices, contiguous_submeshes=jax.process_count() > 1
+    )
     return Mesh(grid, MESH_AXES)
 
 
@@ -92,6 +119,117 @@ def shard_batch(batch: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
             )
         out[name] = jax.device_put(value, batch_sharding(mesh))
     return out
+
+
+def _process_row_ranges(mesh: Mesh | None, batch_size: int) -> dict[int, tuple[int, int]]:
+    """{process index: [start, stop) of the batch rows its devices hold}."""
+    if mesh is None:
+        return {jax.process_index(): (0, batch_size)}
+    rows: dict[int, set[int]] = collections.defaultdict(set)
+    for device, index in batch_sharding(mesh).devices_indices_map((batch_size,)).items():
+        rows[device.process_index].update(range(*index[0].indices(batch_size)))
+    ranges = {}
+    for process, held in sorted(rows.items()):
+        start, stop = min(held), max(held) + 1
+        if len(held) != stop - start:
+            raise ValueError(
+                f"process {process} holds batch rows {sorted(held)} of mesh {dict(mesh.shape)}, "
+                "not one block; choose a mesh whose 'model' axis divides (or is a multiple of) "
+                "each process's number of devices"
+            )
+        ranges[process] = (start, stop)
+    return ranges
+
+
+def process_rows(mesh: Mesh | None, batch_size: int) -> tuple[int, int]:
+    """[start, stop) of the rows of a [batch_size, ...] global batch this process holds."""
+    return _process_row_ranges(mesh, batch_size)[jax.process_index()]
+
+
+def data_shards(
+    mesh: Mesh | None, batch_size: int, num_shards: int | None = None
+) -> tuple[int, list[int]]:
+    """How the training split is read: (shards in all, the shard indices this process reads).
+
+    Shard k supplies rows [k B / K, (k + 1) B / K) of every global batch of B rows. By default
+    K is the number of data-parallel process groups (processes that hold the same rows, being
+    model-parallel replicas of each other, read the same shards): 1 in a single process.
+
+    Raises:
+      ValueError: if processes hold overlapping or unequal blocks of rows, or `num_shards` is
+        not a multiple of the default that divides the batch size.
+    """
+    ranges = _process_row_ranges(mesh, batch_size)
+    blocks = sorted(set(ranges.values()))
+    if (
+        any(a[1] > b[0] for a, b in zip(blocks, blocks[1:]))
+        or len({stop - start for start, stop in blocks}) > 1
+    ):
+        raise ValueError(
+            f"processes hold overlapping or unequal blocks of batch rows {ranges} of mesh "
+            f"{dict(mesh.shape)}; choose a mesh whose 'model' axis divides (or is a multiple of) "
+            "each process's number of devices"
+        )
+    default = len(blocks)
+    shards = default if num_shards is None else num_shards
+    if shards % default or batch_size % shards:
+        raise ValueError(
+            f"LoopConfig.data_shards ({shards}) must be a multiple of the {default} "
+            f"data-parallel process group(s) and divide the batch size ({batch_size})"
+        )
+    start, stop = ranges[jax.process_index()]
+    per_shard = batch_size // shards
+    return shards, list(range(start // per_shard, stop // per_shard))
+
+
+def assemble_batch(
+    local: Mapping[str, np.ndarray], mesh: Mesh, batch_size: int
+) -> dict[str, jax.Array]:
+    """Global [batch_size, ...] arrays split over 'data' from this process's rows of each.
+
+    Args:
+      local: {name: this process's rows (`process_rows`) of a [batch_size, ...] array}.
+      mesh: the device mesh.
+      batch_size: the global batch size.
+    """
+    sharding = batch_sharding(mesh)
+    return {
+        name: jax.make_array_from_process_local_data(
+            sharding, np.asarray(value), (batch_size, *np.shape(value)[1:])
+        )
+        for name, value in local.items()
+    }
+
+
+def init_sharded(model, rng: jax.Array, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> PyTree:
+    """`model.init(rng)` created directly in its shardings: no device or host holds it whole."""
+    abstract = jax.eval_shape(model.init, rng)
+    shardings = shardings_for(abstract, model.logical_axes(), mesh, rules)
+    return jax.jit(model.init, out_shardings=shardings)(rng)
+
+
+def bytes_per_device(tree: PyTree) -> dict[jax.Device, int]:
+    """Bytes of `tree`'s jax.Array leaves on each of this process's devices."""
+    out: dict[jax.Device, int] = collections.defaultdict(int)
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            for shard in leaf.addressable_shards:
+                out[shard.device] += shard.data.nbytes
+    return dict(out)
+
+
+def describe_bytes(name: str, tree: PyTree) -> str:
+    """'<name>: X MiB per device (largest of this process's N devices) of Y MiB in all'."""
+    total = sum(
+        math.prod(np.shape(leaf)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(tree)
+    )
+    per_device = bytes_per_device(tree)
+    largest = max(per_device.values(), default=0)
+    share = f" (1/{total / largest:.1f})" if largest else ""
+    return (
+        f"{name}: {largest / 2**20:.3f} MiB per device (largest of this process's "
+        f"{len(per_device)} devices) of {total / 2**20:.3f} MiB in all{share}"
+    )
 
 
 def _check_known(spec: PartitionSpec, rules: Rules) -> None:

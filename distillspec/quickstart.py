@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--output_dir", default="runs/quickstart")
     args, rest = parser.parse_known_args(argv if argv is not None else sys.argv[1:])
-    gin_setup.parse_command_line([f"--gin_file={GIN_FILE}"] + rest, "quickstart")
+    flags = gin_setup.parse_command_line([f"--gin_file={GIN_FILE}"] + rest, "quickstart")
+    if flags.multiprocess:
+        gin_setup.check_multiprocess_run("quickstart")
     return gin_setup.run_function("quickstart")(output_dir=args.output_dir)
 
 

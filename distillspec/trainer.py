@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from distillspec import checkpoints, datagen, losses, metrics, partitioning
+from distillspec import checkpoints, datagen, distributed, losses, metrics, partitioning
 
 DIVERGENCES = losses.KINDS + ("ce",)
 OPTIMIZERS = ("adafactor", "adamw")
@@ -159,23 +160,29 @@ def train_step(
     return new_state, metrics
 
 
-def compile_train_step(student, teacher, loss: LossConfig, optimizer, state_shardings=None):
-    """jit of `train_step` with the state donated (and kept on its shardings when given)."""
+def compile_train_step(
+    student, teacher, loss: LossConfig, optimizer, state_shardings=None, mesh=None
+):
+    """jit of `train_step` with the state donated (and kept on its shardings when given); on a
+    `mesh`, the metrics come out replicated, so that every process can read them."""
     step = functools.partial(
         train_step, student=student, teacher=teacher, loss=loss, optimizer=optimizer
     )
-    out = (state_shardings, None) if state_shardings is not None else None
+    out = None
+    if state_shardings is not None or mesh is not None:
+        out = (state_shardings, partitioning.replicated(mesh) if mesh is not None else None)
     return jax.jit(step, donate_argnums=0, out_shardings=out)
 
 
-def host_metrics(metrics: dict, learning_rate: float, tokens: float, seconds: float) -> dict:
-    """Normalises the step's sums on the host into the logged record."""
+def host_metrics(metrics: dict, learning_rate: float, seconds: float) -> dict:
+    """Normalises the step's sums on the host into the logged record (tokens/s counts the
+    tokens the loss weighs, i.e. the completion tokens)."""
     metrics = jax.device_get(metrics)
     count = float(metrics["weight_sum"])
     record = {
         "loss": float(losses.mean(metrics["loss_sum"], count)),
         "learning_rate": float(learning_rate),
-        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "tokens_per_s": count / max(seconds, 1e-9),
         "grad_norm": float(metrics["grad_norm"]),
         "target_tokens": count,
     }
@@ -231,12 +238,32 @@ class LoopConfig:
     seed: int = 0  # Data order, data sources and sampling derive from (seed, step).
     checkpoint_period: int = 50  # Steps between checkpoints (and one at the end).
     keep_checkpoints: int = 3  # Newest checkpoints kept in MODEL_DIR/checkpoints.
+    # Shards the split is read in (seqio ShardInfo), each giving batch_size / data_shards rows of
+    # every batch; None = one per data-parallel process group (1 in one process). The data order
+    # depends on it: fix it to compare or resume runs over different numbers of processes.
+    data_shards: int | None = None
 
     def __post_init__(self):
         for name in ("train_steps", "batch_size", "checkpoint_period", "keep_checkpoints"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"LoopConfig.{name} must be an integer >= 1, got {value!r}")
+        shards = self.data_shards
+        if shards is not None and not (isinstance(shards, int) and shards >= 1):
+            raise ValueError(
+                f"LoopConfig.data_shards must be None or an integer >= 1, got {shards!r}"
+            )
+
+
+class Preempted(Exception):
+    """Training stopped early on a preemption request (SIGTERM), after saving a checkpoint."""
+
+    def __init__(self, step: int, model_dir: str):
+        super().__init__(
+            f"preempted: saved checkpoint step {step} in {model_dir}/checkpoints and stopped; "
+            "rerun the same command to resume"
+        )
+        self.step = step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,41 +279,103 @@ class Models:
         return datagen.pack_for(self.student)
 
 
-def _initial_state(student, params, optimizer, mesh):
-    """TrainState placed on the mesh (params by their logical axes); its shardings, or None."""
+def _state_shardings(optimizer, params, param_shardings, mesh) -> TrainState:
+    """The TrainState's shardings: the optimizer's per-parameter moments as their parameter
+    (optax.tree_map_params), anything else replicated. (Left to jit, zero-initialised moments
+    come out replicated: the full optimizer state on every device.)"""
+    replicated = partitioning.replicated(mesh)
+    abstract = jax.eval_shape(optimizer.init, params)
+    opt_shardings = optax.tree_map_params(
+        optimizer,
+        lambda leaf, sharding, like: sharding if leaf.shape == like.shape else replicated,
+        abstract, param_shardings, jax.eval_shape(lambda p: p, params),
+        transform_non_params=lambda _: replicated,
+    )  # fmt: skip
+    return TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings)
+
+
+def _placed(models: Models, params, optimizer, mesh, rules):
+    """(Models with the teacher on the mesh, TrainState on the mesh, the state's shardings).
+
+    Parameters are placed by their logical axes (a no-op for arrays already placed so, e.g. a
+    teacher loaded straight into its shardings); without a mesh nothing moves."""
     if mesh is None:
-        return init_state(params, optimizer), None
-    params = jax.device_put(
-        params, partitioning.shardings_for(params, student.logical_axes(), mesh)
-    )
-    # jit propagates the params' shardings into the optimizer state it creates.
-    state = jax.jit(functools.partial(init_state, optimizer=optimizer))(params)
-    return state, jax.tree.map(lambda x: x.sharding, state)
+        return models, init_state(params, optimizer), None
+    param_shardings = partitioning.shardings_for(params, models.student.logical_axes(), mesh, rules)
+    params = jax.device_put(params, param_shardings)
+    if models.teacher_params is not None:
+        axes = models.teacher.logical_axes()
+        shardings = partitioning.shardings_for(models.teacher_params, axes, mesh, rules)
+        models = dataclasses.replace(
+            models, teacher_params=jax.device_put(models.teacher_params, shardings)
+        )
+    shardings = _state_shardings(optimizer, params, param_shardings, mesh)
+    init = functools.partial(init_state, optimizer=optimizer)
+    return models, jax.jit(init, out_shardings=shardings)(params), shardings
 
 
-def _step_batch(store, step: int, loop: LoopConfig, params, models: Models, mixture, eos_id):
+def _log_bytes(models: Models, state: TrainState) -> None:
+    """Parameter bytes per device at start-up (process 0's devices)."""
+    trees = {"teacher": models.teacher_params, "student": state.params}
+    trees["optimizer state"] = state.opt_state
+    for name, tree in trees.items():
+        if tree is not None:
+            print(partitioning.describe_bytes(name, tree), file=sys.stderr)
+
+
+def compile_step_batch(models: Models, mixture: datagen.DataMixture, eos_id, mesh=None):
+    """jit of (student params, teacher params, data, rng, present) -> the packed batch.
+
+    `data` holds a step's prompt/completion arrays and its [B] `sources`; sampling (the
+    student's or the teacher's, per `present`, a static tuple) runs on the devices, on global
+    arrays in a multi-process run. On a mesh the batch comes out split over 'data'."""
+
+    def step_batch(params, teacher_params, data, rng, present):
+        samplers = {
+            datagen.STUDENT: (models.student, params),
+            datagen.TEACHER: (models.teacher, teacher_params),
+        }
+        completions = datagen.step_completions(
+            data, data["sources"], samplers, rng, mixture, eos_id, present
+        )
+        return models.packer(data["prompt_tokens"], data["prompt_lengths"], *completions)
+
+    out = partitioning.batch_sharding(mesh) if mesh is not None else None
+    return jax.jit(step_batch, static_argnames="present", out_shardings=out)
+
+
+def _step_batch(data, step: int, loop: LoopConfig, params, models: Models, mixture, make, mesh):
     """The packed training batch of `step` (data order and sources from (seed, step))."""
-    data = store.batch(loop.seed, step, loop.batch_size)
-    mixture = mixture or datagen.DataMixture(fixed_data_fraction=1.0)
     sources = datagen.step_sources(loop.seed, step, loop.batch_size, mixture)
+    local = data.batch(loop.seed, step, loop.batch_size)
+    start, stop = partitioning.process_rows(mesh, loop.batch_size)
+    local["sources"] = sources[start:stop]
+    if mesh is not None:
+        local = partitioning.assemble_batch(local, mesh, loop.batch_size)
     rng = jax.random.fold_in(jax.random.PRNGKey(loop.seed), step)
-    samplers = {
-        datagen.STUDENT: (models.student, params),
-        datagen.TEACHER: (models.teacher, models.teacher_params),
-    }
-    completions = datagen.step_completions(data, sources, samplers, rng, mixture, eos_id)
-    batch = models.packer(data["prompt_tokens"], data["prompt_lengths"], *completions)
+    present = datagen.present_sources(sources)
+    batch = make(params, models.teacher_params, local, rng, present)
     fractions = {
         f"data_{name}": float(np.mean(sources == i)) for i, name in enumerate(datagen.SOURCE_NAMES)
     }
     return batch, fractions
 
 
+class _NoLogger:
+    """What processes other than 0 log to: nothing."""
+
+    def log(self, step: int, metrics: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def fit(
     model_dir: str,
     models: Models,
     params,
-    store: datagen.ExampleStore,
+    data: datagen.ShardedData | datagen.ExampleStore,
     loop: LoopConfig,
     loss: LossConfig,
     optimizer_config: OptimizerConfig,
@@ -294,47 +383,64 @@ def fit(
     mixture: datagen.DataMixture | None = None,
     eos_id: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    rules: partitioning.Rules = partitioning.DEFAULT_RULES,
     console: bool = True,
 ):
     """Trains the student from `params`, or resumes from MODEL_DIR's latest checkpoint.
 
-    Every step logs to MODEL_DIR/metrics.jsonl and TensorBoard; a checkpoint is written every
-    `checkpoint_period` steps and at the end. A NaN/inf loss stops training before anything of
-    that step is saved.
+    Every step logs to MODEL_DIR/metrics.jsonl and TensorBoard (process 0 only); a checkpoint
+    is written every `checkpoint_period` steps, at the end, and at the step every process
+    agrees on after a SIGTERM, which then raises `Preempted`. A NaN/inf loss stops training
+    before anything of that step is saved. In a multi-process run every process calls this
+    with the same arguments except `data`, its own shards.
 
     Returns:
       The student's final parameters.
     """
+    if isinstance(data, datagen.ExampleStore):
+        data = datagen.ShardedData({0: data})
+    mixture = mixture or datagen.DataMixture(fixed_data_fraction=1.0)
     optimizer = make_optimizer(optimizer_config, loop.train_steps)
-    state, shardings = _initial_state(models.student, params, optimizer, mesh)
+    models, state, shardings = _placed(models, params, optimizer, mesh, rules)
+    primary = jax.process_index() == 0
+    if mesh is not None and primary:
+        _log_bytes(models, state)
     ckpt = checkpoints.Checkpointer(model_dir, max_to_keep=loop.keep_checkpoints)
     start, restored = 0, ckpt.restore_latest(state)
     if restored is not None:
         start, state = restored
-    step_fn = compile_train_step(models.student, models.teacher, loss, optimizer, shardings)
+    step_fn = compile_train_step(models.student, models.teacher, loss, optimizer, shardings, mesh)
+    make_batch = compile_step_batch(models, mixture, eos_id, mesh)
     schedule = make_schedule(optimizer_config, loop.train_steps)
-    logger = metrics.MetricsLogger(model_dir, loop.train_steps, start_step=start, console=console)
+    logger = _NoLogger()
+    if primary:
+        logger = metrics.MetricsLogger(model_dir, loop.train_steps, start, console=console)
     timer, last_saved = Timer(), ckpt.latest_step()
+    watcher = distributed.PreemptionWatcher(ckpt.reached_preemption)
     # try/finally: a FloatingPointError (or Ctrl-C) still flushes the logs and releases orbax.
     try:
-        for step in range(start, loop.train_steps):
-            batch, fractions = _step_batch(store, step, loop, state.params, models, mixture, eos_id)
-            if mesh is not None:
-                batch = partitioning.shard_batch(batch, mesh)
-            state, step_metrics = step_fn(state, models.teacher_params, batch)
-            tokens = float(np.sum(batch["weights"]))
-            record = host_metrics(step_metrics, schedule(step), tokens, timer.lap())
-            record.update(fractions)
-            check_finite(record, step + 1, last_saved, model_dir)
-            logger.log(step + 1, record)
-            if (step + 1) % loop.checkpoint_period == 0 or step + 1 == loop.train_steps:
-                if step + 1 != last_saved:
-                    # The step's loss was computed before its update, so a finite loss does not
-                    # mean finite new parameters (e.g. an overflowing learning rate): check them
-                    # before they can replace the last good checkpoint.
+        with watcher:
+            for step in range(start, loop.train_steps):
+                batch, fractions = _step_batch(
+                    data, step, loop, state.params, models, mixture, make_batch, mesh
+                )
+                state, step_metrics = step_fn(state, models.teacher_params, batch)
+                record = host_metrics(step_metrics, schedule(step), timer.lap())
+                record.update(fractions)
+                check_finite(record, step + 1, last_saved, model_dir)
+                logger.log(step + 1, record)
+                # Asked at every step by every process: they all get the same answer.
+                stop = watcher.requested(step + 1) and step + 1 < loop.train_steps
+                end = (step + 1) % loop.checkpoint_period == 0 or step + 1 == loop.train_steps
+                if (end or stop) and step + 1 != last_saved:
+                    # The step's loss was computed before its update, so a finite loss does
+                    # not mean finite new parameters (e.g. an overflowing learning rate):
+                    # check them before they can replace the last good checkpoint.
                     check_finite_params(state.params, step + 1, last_saved, model_dir)
                     ckpt.save(step + 1, state)
                     last_saved = step + 1
+                if stop:
+                    raise Preempted(step + 1, model_dir)
     finally:
         logger.close()
         ckpt.close()

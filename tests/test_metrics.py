@@ -10,7 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec.metrics import MetricsLogger, read_metrics, truncate_after
+from distillspec.metrics import (
+    MetricsLogger,
+    purge_events_after,
+    read_events,
+    read_metrics,
+    truncate_after,
+)
 
 
 def _read_events(logdir: str) -> dict[str, list[tuple[int, float]]]:
@@ -101,6 +107,25 @@ def test_event_files_contain_scalars(tmp_path):
     assert glob.glob(str(tmp_path / "train" / "events.out.tfevents.*"))
     scalars = _read_events(str(tmp_path / "train"))
     assert scalars == {"loss": [(1, 2.0), (2, 1.0)], "accuracy": [(1, 0.25), (2, 0.5)]}
+
+
+def test_resumed_events_hold_each_step_once(tmp_path):
+    # Crash after step 5 (last checkpoint 3), with a torn record at the end of the event file.
+    with MetricsLogger(str(tmp_path), total_steps=6, console=False) as logger:
+        for step in range(1, 6):
+            logger.log(step, {"loss": float(step)})
+    [events] = glob.glob(str(tmp_path / "train" / "events.out.tfevents.*"))
+    with open(events, "ab") as f:
+        f.write(b"\x10\x00\x00")
+    with MetricsLogger(str(tmp_path), total_steps=6, start_step=3, console=False) as logger:
+        for step in range(4, 7):
+            logger.log(step, {"loss": 10.0 * step})
+    want = [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0), (6, 60.0)]
+    assert sorted(_read_events(str(tmp_path / "train"))["loss"]) == want
+    assert sorted(read_events(str(tmp_path / "train"))["loss"]) == want
+    # A fresh start (nothing restored) keeps no step.
+    purge_events_after(str(tmp_path / "train"), 0)
+    assert read_events(str(tmp_path / "train")) == {}
 
 
 def test_progress_reaches_total_and_resumes(tmp_path, capsys):

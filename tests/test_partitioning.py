@@ -137,3 +137,95 @@ def test_multi_device_sharded_forward_matches_single_device(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0 and "MULTI_DEVICE_OK" in result.stdout, result.stderr[-5000:]
+
+
+_FSDP = textwrap.dedent(
+    """
+    import sys
+    import jax, numpy as np
+    jax.config.update("jax_disable_most_optimizations", True)
+    from distillspec import partitioning as pt
+    from distillspec.models import DecoderOnlyLM, TransformerConfig, from_pretrained
+    from distillspec.models import save_pretrained
+
+    assert len(jax.devices()) == 8, jax.devices()
+    # The tiny teacher of configs/tests/tiny_distill.gin.
+    teacher = DecoderOnlyLM(TransformerConfig(vocab_size=260, embed_dim=32, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64, init_std=0.5))
+    rng = jax.random.PRNGKey(1)
+    whole = teacher.init(rng)
+    total = sum(x.nbytes for x in jax.tree.leaves(whole))
+
+    def per_device(params):
+        held = pt.bytes_per_device(params)
+        assert len(held) == 8, held
+        return np.array(list(held.values())) / total
+
+    # 8 x 1 with FSDP: every parameter has an 'embed' dimension (32), split 8 ways.
+    mesh = pt.make_mesh(8, 1)
+    sharded = pt.init_sharded(teacher, rng, mesh, pt.FSDP_RULES)
+    np.testing.assert_allclose(per_device(sharded), 1 / 8, rtol=1e-6)
+    for leaf in jax.tree.leaves(sharded):
+        assert "data" in leaf.sharding.spec, leaf.sharding
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(sharded), jax.device_get(whole))
+    # Without FSDP the same mesh replicates everything (data parallelism).
+    np.testing.assert_allclose(per_device(pt.init_sharded(teacher, rng, mesh)), 1.0)
+
+    # 4 x 2: 'embed' over data and heads / mlp / vocab over model; K/V and norms are only
+    # split 4 ways, so slightly more than 1/8 per device.
+    mesh = pt.make_mesh(4, 2)
+    sharded = pt.init_sharded(teacher, rng, mesh, pt.FSDP_RULES)
+    share = per_device(sharded)
+    assert np.all(share >= 1 / 8) and np.all(share < 1.2 / 8), share
+    tokens = np.random.RandomState(0).randint(0, 260, (8, 12)).astype(np.int32)
+    batch = pt.shard_batch({"decoder_input_tokens": tokens}, mesh)
+    ref = np.asarray(jax.jit(teacher.logits)(whole, {"decoder_input_tokens": tokens}))
+    out = np.asarray(jax.jit(teacher.logits)(sharded, batch))
+    np.testing.assert_allclose(out, ref, atol=1e-4, rtol=1e-4)
+
+    # A Hugging Face checkpoint loads straight into the same shardings.
+    save_pretrained(teacher, whole, sys.argv[1])
+    place = lambda model, shapes: pt.shardings_for(shapes, model.logical_axes(), mesh,
+                                                   pt.FSDP_RULES)
+    _, loaded = from_pretrained(sys.argv[1], shardings=place)
+    for want, got in zip(jax.tree.leaves(sharded), jax.tree.leaves(loaded)):
+        assert got.sharding == want.sharding, (got.sharding, want.sharding)
+    np.testing.assert_allclose(per_device(loaded), share)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(loaded), jax.device_get(whole))
+    print("FSDP_OK")
+    """
+)
+
+
+def test_fsdp_puts_an_eighth_of_the_teacher_on_each_of_8_devices(tmp_path):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-c", _FSDP, str(tmp_path / "hf")],
+        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0 and "FSDP_OK" in result.stdout, result.stderr[-5000:]
+
+
+def test_fsdp_rules_split_embed_over_data():
+    assert partitioning.param_rules(False) == partitioning.DEFAULT_RULES
+    spec = partitioning.logical_to_mesh_spec(
+        P("layers", "embed", "mlp"), MESH_4x2, partitioning.FSDP_RULES, shape=(2, 32, 64)
+    )
+    assert spec == P(None, "data", "model")
+    # 'vocab' takes 'model' first; 'embed' then takes 'data'.
+    spec = partitioning.logical_to_mesh_spec(
+        P("vocab", "embed"), MESH_4x2, partitioning.FSDP_RULES, shape=(64, 32)
+    )
+    assert spec == P("model", "data")
+
+
+def test_data_shards_in_one_process():
+    mesh = partitioning.make_mesh(len(jax.devices()), 1)
+    assert partitioning.data_shards(mesh, 8) == (1, [0])
+    assert partitioning.data_shards(None, 8, 4) == (4, [0, 1, 2, 3])
+    assert partitioning.process_rows(None, 8) == (0, 8)
+    with pytest.raises(ValueError, match=r"data_shards \(3\) must be a multiple .* divide"):
+        partitioning.data_shards(None, 8, 3)

@@ -360,6 +360,36 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path, reference_run)
     _assert_same_params(resumed_params, reference_params, atol=1e-6)
 
 
+def test_sigterm_saves_at_the_step_boundary_and_the_same_command_resumes(
+    tmp_path, reference_run, monkeypatch, capsys
+):
+    _, reference_params, reference_losses = reference_run
+    model_dir = tmp_path / "run"
+    check = trainer.check_finite
+
+    def check_then_terminate(record, step, *args):
+        check(record, step, *args)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # As a scheduler would, mid-run.
+
+    monkeypatch.setattr(trainer, "check_finite", check_then_terminate)
+    handler = signal.getsignal(signal.SIGTERM)
+    # The command line returns normally (exit status 0) after saving step 2.
+    assert gin_setup.main("train", _cli(model_dir)) is None
+    assert "preempted: saved checkpoint step 2" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == handler  # The run's own handler is gone.
+    assert os.listdir(model_dir / "checkpoints") == ["2"]
+    assert sorted(_losses(model_dir)) == [1, 2] and not (model_dir / "export").exists()
+    monkeypatch.undo()
+    gin.clear_config()
+    gin_setup.main("train", _cli(model_dir))
+    assert [r["step"] for r in metrics.read_metrics(str(model_dir))] == list(range(1, 9))
+    for step, loss in _losses(model_dir).items():
+        assert loss == pytest.approx(reference_losses[step], rel=1e-6, abs=1e-7)
+    _, resumed_params = from_pretrained(str(model_dir / "export"))
+    _assert_same_params(resumed_params, reference_params, atol=1e-6)
+
+
 def test_corrupted_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, reference_run):
     reference_dir, reference_params, reference_losses = reference_run
     model_dir = tmp_path / "run"

@@ -1,9 +1,10 @@
 """Hugging Face checkpoints <-> distillspec models (GPT-2, Llama, Qwen2, T5 v1.1).
 
 `from_pretrained` reads a local directory holding config.json and *.safetensors (one file, or
-shards listed in model.safetensors.index.json) with safetensors' numpy API, so torch is not
-needed at run time. `save_pretrained` writes config.json + model.safetensors that
-`transformers.AutoModelForCausalLM` / `AutoModelForSeq2SeqLM` load.
+shards listed in model.safetensors.index.json) with safetensors' numpy API, one tensor at a time
+(`safetensors_files`), so torch is not needed at run time, optionally straight into shardings.
+`save_pretrained` writes config.json + model.safetensors that `transformers.AutoModelForCausalLM`
+/ `AutoModelForSeq2SeqLM` load.
 
 Each family is a table of `_Rule`s: one HF tensor name (with '{i}' for the layer index) <-> one
 path in our params, plus the reshape each way. Per-layer tensors are stacked on a leading
@@ -18,16 +19,17 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers numpy's 'bfloat16', which bf16 checkpoints need)
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from distillspec.models.decoder_only import DecoderOnlyLM, TransformerConfig
+from distillspec.models.safetensors_files import placer, read_tensors
 from distillspec.models.t5 import T5LM, T5Config
 
 SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "qwen2", "t5")
@@ -483,8 +485,9 @@ def _get(tree: Params, path: tuple[str, ...]) -> Any:
     return tree
 
 
-def params_from_hf(tensors: dict[str, Array], rules: list[_Rule]) -> Params:
-    """Our float32 numpy params from HF tensors; errors on missing or unexpected tensors."""
+def params_from_hf(tensors: Mapping[str, Array], rules: list[_Rule], place=None) -> Params:
+    """Our float32 numpy params from HF tensors; errors on missing or unexpected tensors.
+    `place(path, value)`, if given, turns each leaf into what the tree holds (a sharded array)."""
     params, used = {}, set()
     for rule in rules:
         names = [rule.hf.format(i=i) for i in range(rule.layers)] if rule.layers else [rule.hf]
@@ -494,7 +497,8 @@ def params_from_hf(tensors: dict[str, Array], rules: list[_Rule]) -> Params:
                 f"Checkpoint lacks tensor {missing[0]!r} (needed for {'/'.join(rule.path)})."
             )
         slices = [rule.to_ours(np.asarray(tensors[name], np.float32)) for name in names]
-        _set(params, rule.path, np.stack(slices) if rule.layers else slices[0])
+        value = np.stack(slices) if rule.layers else slices[0]
+        _set(params, rule.path, value if place is None else place(rule.path, value))
         used.update(names)
     unexpected = sorted(name for name in tensors if name not in used and not _IGNORED.match(name))
     if unexpected:
@@ -515,26 +519,6 @@ def params_to_hf(params: Params, rules: list[_Rule]) -> dict[str, Array]:
     return tensors
 
 
-def _read_safetensors(path: str) -> dict[str, Array]:
-    """All tensors of a (possibly sharded) safetensors checkpoint directory, as numpy arrays."""
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.exists(os.path.join(path, "model.safetensors")):
-        files = ["model.safetensors"]
-    else:
-        files = sorted(name for name in os.listdir(path) if name.endswith(".safetensors"))
-    if not files:
-        raise FileNotFoundError(
-            f"No *.safetensors files in {path!r} (PyTorch .bin is not supported)."
-        )
-    tensors = {}
-    for name in files:
-        tensors.update(load_file(os.path.join(path, name)))
-    return tensors
-
-
 def _check_shapes(model: DecoderOnlyLM | T5LM, params: Params) -> None:
     """Raises ValueError if params do not have exactly the model's leaves and shapes."""
     expected = jax.eval_shape(model.init, jax.random.PRNGKey(0))
@@ -550,13 +534,18 @@ def _check_shapes(model: DecoderOnlyLM | T5LM, params: Params) -> None:
         )
 
 
-def from_pretrained(path: str, dtype: str = "float32") -> tuple[DecoderOnlyLM | T5LM, Params]:
+def from_pretrained(
+    path: str, dtype: str = "float32", shardings: Callable | None = None
+) -> tuple[DecoderOnlyLM | T5LM, Params]:
     """Loads a local HF checkpoint directory (config.json + *.safetensors).
 
     Args:
       path: directory with config.json and model.safetensors or sharded files plus
         model.safetensors.index.json.
       dtype: compute dtype of the returned model ('float32' or 'bfloat16'); params are float32.
+      shardings: `shardings(model, abstract params) -> tree of Shardings`: load straight into
+        them, one tensor at a time, so no host or device holds the whole model (GPT-2 reads
+        its fused attention tensors whole first).
 
     Returns:
       (model, params): a DecoderOnlyLM (gpt2, llama, qwen2) or T5LM (t5), and float32 params.
@@ -568,14 +557,15 @@ def from_pretrained(path: str, dtype: str = "float32") -> tuple[DecoderOnlyLM | 
         raise ValueError(
             f"model_type={model_type!r} is not supported; supported: {list(SUPPORTED_MODEL_TYPES)}."
         )
-    tensors = _read_safetensors(path)
+    tensors = read_tensors(path)
     if model_type == "gpt2":
         tensors = _normalize_gpt2(tensors)
     config = _CONFIG_READERS[model_type](hf_config, set(tensors), dtype)
-    params = params_from_hf(tensors, _RULES[model_type](config))
     model = T5LM(config) if isinstance(config, T5Config) else DecoderOnlyLM(config)
+    place = placer(model, shardings) if shardings is not None else None
+    params = params_from_hf(tensors, _RULES[model_type](config), place)
     _check_shapes(model, params)
-    return model, jax.tree_util.tree_map(jnp.asarray, params)
+    return model, params if place else jax.tree_util.tree_map(jnp.asarray, params)
 
 
 def save_pretrained(

@@ -59,8 +59,9 @@ def load_checkpoint(path: str, **kwargs: Any) -> tuple[Any, Any]:
     Args:
       path: the checkpoint directory.
       **kwargs: `dtype` (compute dtype, both formats); `shardings` (a pytree of shardings like
-        the params: T5X reads each device's slice, Hugging Face params are placed after
-        loading); `config` and `progress` (T5X only: a Hugging Face directory has config.json).
+        the params, or `shardings(model, abstract params) -> that pytree`: both formats load
+        straight into them, T5X slice by slice, Hugging Face tensor by tensor); `config` and
+        `progress` (T5X only: a Hugging Face directory has config.json).
     """
     from distillspec.models import hf_interop, t5x
 
@@ -73,9 +74,6 @@ def load_checkpoint(path: str, **kwargs: Any) -> tuple[Any, Any]:
             f"{path!r} is a Hugging Face checkpoint; {unsupported} apply to T5X checkpoints only "
             "(its config comes from config.json)."
         )
-    model, params = hf_interop.from_pretrained(path, **kwargs)
-    if shardings is not None:
-        import jax
-
-        params = jax.device_put(params, shardings)
-    return model, params
+    if shardings is not None and not callable(shardings):
+        shardings = (lambda tree: lambda model, shapes: tree)(shardings)
+    return hf_interop.from_pretrained(path, shardings=shardings, **kwargs)

@@ -74,6 +74,8 @@ def from_t5x(
     expected = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     rules = t5x_layout.param_rules(config)
     t5x_layout.check_params(rules, shapes, expected)
+    if callable(shardings):  # shardings(model, abstract params), as `from_pretrained` takes.
+        shardings = shardings(model, expected)
     if shardings is not None and jax.tree.structure(shardings) != jax.tree.structure(expected):
         raise ValueError(
             "shardings must have the structure of the params: "

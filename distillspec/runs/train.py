@@ -8,6 +8,11 @@ Only this run function and the typed config objects it receives are configurable
 in `distillspec.gin_setup` as `distillspec.train.train`); this module knows nothing of gin.
 Rerunning the same command after an interruption resumes from MODEL_DIR's latest checkpoint.
 
+Multi-process runs (`--multiprocess`, see `distillspec.distributed`): every process runs this
+function with the same configuration (checked at start-up); each reads only its data shards,
+the teacher is created or loaded straight into its shardings, and process 0 alone writes
+config.gin, the logs and export/.
+
 MODEL_DIR receives: config.gin (the configuration of the run), checkpoints/ (orbax),
 train/ (TensorBoard events), metrics.jsonl (one JSON object per step) and export/ (the
 student in Hugging Face format, loadable by `distillspec.models.from_pretrained` and by
@@ -22,7 +27,7 @@ from collections.abc import Mapping
 
 import jax
 
-from distillspec import checkpoints, datagen, partitioning, tasks, trainer
+from distillspec import checkpoints, datagen, distributed, partitioning, tasks, trainer
 from distillspec.feature_converters import prompt_batches
 from distillspec.models import load_checkpoint
 from distillspec.models.base import TruncatedVocabulary
@@ -33,13 +38,22 @@ from distillspec.vocabularies import Tokenizer, load_tokenizer
 EXPORT_SUBDIR = "export"
 
 
-def _load_teacher(teacher, teacher_checkpoint, teacher_seed):
+def _load_teacher(teacher, teacher_checkpoint, teacher_seed, mesh=None, rules=()):
+    """The teacher, on a mesh created or loaded straight into its shardings (`rules`)."""
     if teacher is not None and teacher_checkpoint is not None:
         raise ValueError("give at most one of train.teacher and train.teacher_checkpoint")
+    place = None
+    if mesh is not None:
+        place = lambda model, shapes: partitioning.shardings_for(
+            shapes, model.logical_axes(), mesh, rules
+        )
     if teacher_checkpoint is not None:
-        return load_checkpoint(teacher_checkpoint)
+        return load_checkpoint(teacher_checkpoint, shardings=place)
     if teacher is not None:
-        return teacher, teacher.init(jax.random.PRNGKey(teacher_seed))
+        rng = jax.random.PRNGKey(teacher_seed)
+        if mesh is not None:
+            return teacher, partitioning.init_sharded(teacher, rng, mesh, rules)
+        return teacher, teacher.init(rng)
     return None, None
 
 
@@ -126,20 +140,58 @@ def _check_run_args(max_examples, loop: trainer.LoopConfig, mesh_shape) -> None:
         )
 
 
-def _example_store(task, split, lengths, max_examples, batch_size, bos_id):
+def _example_store(task, split, lengths, max_examples, batch_size, bos_id, shard=0, num_shards=1):
+    """Shard `shard` of `num_shards` of the split (seqio ShardInfo), its share of max_examples."""
+    if max_examples is not None:
+        max_examples = -(-max_examples // num_shards)
     batches = prompt_batches(
         task, split, batch_size=256, prompt_length=lengths["inputs"],
-        completion_length=lengths["targets"], shuffle=False, num_epochs=1, bos_id=bos_id,
+        completion_length=lengths["targets"], shuffle=False, num_epochs=1,
+        shard=(shard, num_shards), bos_id=bos_id,
     )  # fmt: skip
     store = datagen.ExampleStore.from_batches(batches, max_examples)
+    of = f" (data shard {shard} of {num_shards})" if num_shards > 1 else ""
     if len(store) == 0:
         raise ValueError(
-            f"task {task!r} split {split!r} has no usable examples; nothing to train on"
+            f"task {task!r} split {split!r}{of} has no usable examples; nothing to train on"
         )
-    if len(store) < batch_size:
-        print(f"warning: {len(store)} examples < batch size {batch_size}; examples repeat within "
-              "a batch", file=sys.stderr)  # fmt: skip
+    if num_shards > 1:
+        store.shard = (shard,)
+    if len(store) < batch_size // num_shards:
+        print(f"warning: {len(store)} examples{of} < {batch_size // num_shards} rows per batch; "
+              "examples repeat within a batch", file=sys.stderr)  # fmt: skip
     return store
+
+
+def _sharded_data(task, split, lengths, max_examples, loop: trainer.LoopConfig, mesh, bos_id):
+    """This process's data shards (`partitioning.data_shards`) of the training split."""
+    num_shards, shards = partitioning.data_shards(mesh, loop.batch_size, loop.data_shards)
+    stores = {
+        k: _example_store(
+            task, split, lengths, max_examples, loop.batch_size, bos_id, k, num_shards
+        )
+        for k in shards
+    }
+    return datagen.ShardedData(stores, num_shards)
+
+
+def _check_same_everywhere(config_text: str, loop: trainer.LoopConfig, teacher_seed) -> None:
+    """Multi-process: every process must run the same configuration and seeds."""
+    distributed.check_same_everywhere(
+        {
+            "LoopConfig.seed": loop.seed,
+            "train.teacher_seed": teacher_seed,
+            "the configuration (config.gin)": config_text,
+        }
+    )
+
+
+def _export(student_model, params, tokenizer: Tokenizer, model_dir: str) -> None:
+    """Process 0 writes export/ (the student gathered from every process)."""
+    host_params = distributed.fetch(params)
+    if distributed.is_primary():
+        export(student_model, host_params, tokenizer, os.path.join(model_dir, EXPORT_SUBDIR))
+    distributed.barrier("distillspec_export")
 
 
 def train(
@@ -157,6 +209,7 @@ def train(
     optimizer: trainer.OptimizerConfig = trainer.OptimizerConfig(),
     mixture: datagen.DataMixture = datagen.DataMixture(fixed_data_fraction=1.0),
     mesh_shape: tuple[int, int] = (1, 1),
+    fsdp: bool = False,
     vocabulary: str | None = None,
     vocab_size: int | None = None,
     max_examples: int | None = None,
@@ -177,7 +230,11 @@ def train(
       teacher / teacher_checkpoint: the frozen target: an architecture initialised from
         teacher_seed, or a Hugging Face or T5X checkpoint directory; neither for pretraining.
       loop, loss, optimizer, mixture: see their classes.
-      mesh_shape: (data, model) device mesh; (1, 1) runs on one device.
+      mesh_shape: (data, model) device mesh over every process's devices; (1, 1) runs on one
+        device.
+      fsdp: also split the teacher's, the student's and the optimizer state's parameters
+        over the mesh's 'data' axis (FSDP style, `partitioning.FSDP_RULES`), not only over
+        'model'.
       vocabulary: the tokenizer (`vocabularies.load_tokenizer`): 'sentencepiece', 'byte', a
         tokenizer.json / SentencePiece model path; None = the teacher's (else the student
         checkpoint's) tokenizer files, or the embedded 'sentencepiece' when there are none.
@@ -194,12 +251,17 @@ def train(
     """
     checkpoints.check_writable(model_dir)
     _check_run_args(max_examples, loop, mesh_shape)
+    _check_same_everywhere(config_text, loop, teacher_seed)
     task = tasks.as_task(task)  # An unknown task or missing file fails before any model loads.
     _check_data(task, mixture)
     tokenizer = load_tokenizer(vocabulary, teacher_checkpoint or student_checkpoint)
     check_special_tokens({"teacher": teacher_checkpoint, "student": student_checkpoint})
-    mesh = partitioning.make_mesh(*mesh_shape) if tuple(mesh_shape) != (1, 1) else None
-    teacher_model, teacher_params = _load_teacher(teacher, teacher_checkpoint, teacher_seed)
+    multi = tuple(mesh_shape) != (1, 1) or jax.process_count() > 1
+    mesh = partitioning.make_mesh(*mesh_shape) if multi else None
+    rules = partitioning.param_rules(fsdp)
+    teacher_model, teacher_params = _load_teacher(
+        teacher, teacher_checkpoint, teacher_seed, mesh, rules
+    )
     student_model, params = _load_student(
         student, student_checkpoint, loop.seed, teacher_model, teacher_params
     )
@@ -209,17 +271,18 @@ def train(
         task, tokenizer.vocabulary, tfds_data_dir=tfds_data_dir,
         inputs_eos=student_model.encoder_decoder, bos_id=tokenizer.prompt_bos,
     )  # fmt: skip
-    store = _example_store(
-        name, split, task_feature_lengths, max_examples, loop.batch_size, tokenizer.prompt_bos
+    data = _sharded_data(
+        name, split, task_feature_lengths, max_examples, loop, mesh, tokenizer.prompt_bos
     )
-    print(f"[train] {tokenizer.describe()}", file=sys.stderr, flush=True)
-    with open(os.path.join(model_dir, "config.gin"), "w") as f:
-        f.write(config_text + f"\n# {tokenizer.describe()}\n")
+    if distributed.is_primary():
+        print(f"[train] {tokenizer.describe()}", file=sys.stderr, flush=True)
+        with open(os.path.join(model_dir, "config.gin"), "w") as f:
+            f.write(config_text + f"\n# {tokenizer.describe()}\n")
     cut = lambda m: m if m is None or vocab_size is None else TruncatedVocabulary(m, vocab_size)
     models = trainer.Models(cut(student_model), cut(teacher_model), teacher_params)
     params = trainer.fit(
-        model_dir, models, params, store, loop, loss, optimizer,
-        mixture=mixture, eos_id=tokenizer.eos_id, mesh=mesh, console=console,
+        model_dir, models, params, data, loop, loss, optimizer,
+        mixture=mixture, eos_id=tokenizer.eos_id, mesh=mesh, rules=rules, console=console,
     )  # fmt: skip
-    export(student_model, jax.device_get(params), tokenizer, os.path.join(model_dir, EXPORT_SUBDIR))
+    _export(student_model, params, tokenizer, model_dir)
     return params
