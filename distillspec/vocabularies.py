@@ -307,11 +307,12 @@ def _read_json(path: str) -> dict:
 
 
 def _first_id(*values) -> int | None:
-    """The first value that is set; a list (several EOS ids) gives its first element."""
+    """The first value that is set; a list (several EOS ids) gives its first element; a
+    negative id (SentencePiece's -1 for "none") reads as unset."""
     for value in values:
         if isinstance(value, list):
             value = value[0] if value else None
-        if value is not None:
+        if value is not None and int(value) >= 0:
             return int(value)
     return None
 
@@ -376,7 +377,8 @@ def load_tokenizer(spec: str | seqio.Vocabulary | None, checkpoint: str | None =
         files = ()
         if isinstance(vocab, seqio.SentencePieceVocabulary):  # The embedded default's model.
             files = ((vocab.sentencepiece_model_file, "tokenizer.model"),)
-        return Tokenizer(vocab, vocab.bos_id, vocab.eos_id, vocab.pad_id, False, source, files)
+        bos, eos = _first_id(vocab.bos_id), _first_id(vocab.eos_id)
+        return Tokenizer(vocab, bos, eos, vocab.pad_id, False, source, files)
     return _tokenizer_from_path(os.fspath(spec), ids)
 
 

@@ -115,6 +115,13 @@ def _distill(model_dir, teacher, task, *extra):
     )  # fmt: skip
 
 
+def test_builtin_tokenizer_has_no_bos():
+    """SentencePiece says -1 for "no BOS"; an export must not write bos_token_id = -1."""
+    tok = vocabularies.load_tokenizer("sentencepiece")
+    assert (tok.bos_id, tok.eos_id, tok.pad_id) == (None, 1, 0)
+    assert tok.special_ids == {"bos": None, "eos": 1, "pad": 0}
+
+
 def test_tokenizer_from_the_checkpoint(world):
     tok = vocabularies.load_tokenizer(None, world["llama"])
     assert tok.source.endswith("tokenizer.json") and tok.size == world["size"]
