@@ -283,7 +283,7 @@ class Tokenizer:
             }  # fmt: skip
             config = {k: v for k, v in config.items() if v is not None}
             for key, value in (("bos", self.bos_id), ("eos", self.eos_id), ("pad", self.pad_id)):
-                if value is not None and value < self.size:
+                if value is not None and 0 <= value < self.size:
                     config[f"{key}_token"] = self.vocabulary.decode([value]) or None
             write = os.path.join(directory, "tokenizer_config.json")
             with open(write, "w", encoding="utf-8") as f:

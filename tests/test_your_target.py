@@ -122,6 +122,16 @@ def test_builtin_tokenizer_has_no_bos():
     assert tok.special_ids == {"bos": None, "eos": 1, "pad": 0}
 
 
+def test_builtin_tokenizer_exports_for_auto_tokenizer(tmp_path):
+    """The embedded default's export loads with AutoTokenizer and gives our ids."""
+    tok = vocabularies.load_tokenizer("sentencepiece")
+    assert tok.save(str(tmp_path)) == ["tokenizer.model", "tokenizer_config.json"]
+    assert "bos_token" not in json.loads((tmp_path / "tokenizer_config.json").read_text())
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in ["def add(a, b):\n    return a + b\n", "    if x:\n\tpass", "class A:  # x"]:
+        assert hf(text).input_ids == tok.vocabulary.encode(text)
+
+
 def test_tokenizer_from_the_checkpoint(world):
     tok = vocabularies.load_tokenizer(None, world["llama"])
     assert tok.source.endswith("tokenizer.json") and tok.size == world["size"]
