@@ -128,7 +128,9 @@ def records_to_table(
     tau_improvement_pct (100 * (tau_distilled / tau_baseline - 1)) and speedup_difference
     (distilled - baseline); any other drafts follow as alpha[name] / tau[name] / speedup[name]
     columns. Otherwise every draft gets its own alpha[name] / tau[name] / speedup[name] columns
-    (Table C.1 has both alpha and tau). A value missing at a grid point is None.
+    (Table C.1 has both alpha and tau). Each alpha and tau has a `_ci95` companion (alpha_ci95
+    [name], tau_baseline_ci95, ...: the half-width of its 95% interval over prompts), shown in
+    Markdown as "3.84 ± 0.21". A value missing at a grid point is None.
     """
     groups = _latest(records)
     names = sorted({name for drafts in groups.values() for name in drafts})
@@ -143,17 +145,21 @@ def records_to_table(
             speed_b, speed_d = _metric(base, "speedup"), _metric(dist, "speedup")
             row.update(
                 alpha_baseline=_metric(base, "alpha"),
+                alpha_baseline_ci95=_metric(base, "alpha_ci95"),
                 tau_baseline=tau_b,
+                tau_baseline_ci95=_metric(base, "tau_ci95"),
                 speedup_baseline=speed_b,
                 alpha_distilled=_metric(dist, "alpha"),
+                alpha_distilled_ci95=_metric(dist, "alpha_ci95"),
                 tau_distilled=tau_d,
+                tau_distilled_ci95=_metric(dist, "tau_ci95"),
                 speedup_distilled=speed_d,
                 tau_improvement_pct=_ratio_pct(tau_d, tau_b),
                 speedup_difference=_difference(speed_d, speed_b),
             )
         for name in others:
-            row[f"alpha[{name}]"] = _metric(drafts.get(name), "alpha")
-            row[f"tau[{name}]"] = _metric(drafts.get(name), "tau")
+            for metric in ("alpha", "alpha_ci95", "tau", "tau_ci95"):
+                row[f"{metric}[{name}]"] = _metric(drafts.get(name), metric)
             row[f"speedup[{name}]"] = _metric(drafts.get(name), "speedup")
         rows.append(row)
     return rows
@@ -233,6 +239,17 @@ def _columns(rows: Sequence[Row]) -> list[str]:
     return columns
 
 
+def _ci_key(key: str) -> str:
+    """The key of a value's 95% half-width: 'tau_baseline' -> 'tau_baseline_ci95',
+    'tau[fkl]' -> 'tau_ci95[fkl]'."""
+    metric, bracket, name = key.partition("[")
+    return f"{metric}_ci95{bracket}{name}"
+
+
+def _is_ci_key(key: str) -> bool:
+    return "_ci95" in key
+
+
 def _header(key: str) -> str:
     """Markdown header of a column: 'tau[fkl]' reads 'τ fkl'."""
     metric, _, name = key.rstrip("]").partition("[")
@@ -265,14 +282,22 @@ def to_markdown(rows: Sequence[Row]) -> str:
     """A GitHub-flavoured Markdown table of the rows (empty string for no rows)."""
     if not rows:
         return ""
-    columns = _columns(rows)
+    columns = [c for c in _columns(rows) if not _is_ci_key(c)]  # Shown beside their value.
     lines = [
         "| " + " | ".join(_header(c) for c in columns) + " |",
         "|" + "|".join("---" if c in _TEXT_COLUMNS else "---:" for c in columns) + "|",
     ]
     for row in rows:
-        lines.append("| " + " | ".join(_format_cell(c, row.get(c)) for c in columns) + " |")
+        lines.append("| " + " | ".join(_cell_with_ci(row, c) for c in columns) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cell_with_ci(row: Row, key: str) -> str:
+    """A cell, with its 95% half-width after it when the row has one ("3.84 ± 0.21")."""
+    text, ci = _format_cell(key, row.get(key)), row.get(_ci_key(key))
+    if ci is None or row.get(key) is None or (isinstance(ci, float) and math.isnan(ci)):
+        return text
+    return f"{text} ± {_format_cell(key, ci)}"
 
 
 def _parent(path: str | os.PathLike) -> None:

@@ -85,6 +85,8 @@ def test_draft_equal_to_target_is_always_accepted(setup, gamma, temperature):
     assert r["tau"] == pytest.approx(gamma + 1)
     assert r["mean_tvd"] == pytest.approx(0.0, abs=1e-5)
     assert r["tau_theory"] == pytest.approx(gamma + 1, abs=1e-3)
+    # Every prompt gives gamma + 1 tokens per call: no spread over prompts.
+    assert r["tau_ci95"] == pytest.approx(0.0, abs=1e-9)
 
 
 @pytest.mark.parametrize("temperature", TEMPERATURES)
@@ -96,6 +98,16 @@ def test_perturbed_draft_is_sometimes_rejected(setup, temperature):
         assert 1.0 <= r["tau"] <= gamma + 1
         assert 0.0 < r["mean_tvd"] < 1.0
         assert r["tau_theory"] == pytest.approx(evaluation.tau_from_tvd(r["mean_tvd"], gamma))
+        assert 0.0 < r["tau_ci95"] < gamma and 0.0 < r["alpha_ci95"] < 1.0
+
+
+def test_bootstrap_ci95_of_a_mean_is_1_96_standard_errors():
+    values = np.random.default_rng(1).normal(3.0, 2.0, 400)
+    se = np.std(values) / np.sqrt(len(values))
+    ci = evaluation.bootstrap_ci95(values, np.ones_like(values))
+    assert ci == pytest.approx(1.96 * se, rel=0.1)
+    assert evaluation.bootstrap_ci95(np.full(9, 4.0), np.full(9, 2.0)) == 0.0
+    assert evaluation.bootstrap_ci95(np.array([5.0]), np.array([1.0])) == 0.0
 
 
 def test_tau_theory_formula_by_hand():

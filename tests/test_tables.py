@@ -41,6 +41,19 @@ def _write_jsonl(path, records):
     return path
 
 
+def test_intervals_over_prompts_are_shown_beside_their_value(tmp_path):
+    with_ci = [dict(r, tau_ci95=0.25, alpha_ci95=0.031) for r in RECORDS]
+    rows = tables.records_to_table(with_ci)
+    assert rows[0]["tau_baseline_ci95"] == 0.25 and rows[0]["alpha_distilled_ci95"] == 0.031
+    text = tables.to_markdown(rows)
+    assert "| 2.31 ± 0.25 |" in text and "| 0.500 ± 0.031 |" in text
+    assert "ci95" not in text  # No column of its own in Markdown; the CSV keeps it.
+    tables.write_csv(rows, tmp_path / "t.csv")
+    assert "tau_baseline_ci95" in (tmp_path / "t.csv").read_text().splitlines()[0]
+    # Records without intervals (older runs) show the bare value.
+    assert "| 2.31 |" in tables.to_markdown(tables.records_to_table(RECORDS))
+
+
 def test_table_c1_layout_and_differences():
     rows = tables.records_to_table(RECORDS)
     assert [(r["temperature"], r["gamma"]) for r in rows] == [(0.0, 3), (0.0, 5), (1.0, 3)]

@@ -5,6 +5,8 @@ the plain target decoder and with the speculative decoder and returns one flat r
 
   alpha      = accepted drafts / drafted tokens                 (over all valid prompt rows)
   tau        = generated tokens / target calls                  (block efficiency)
+  alpha_ci95, tau_ci95: half-widths of 95% intervals over prompts: 1.96 x the standard error of
+               the ratio over a bootstrap of the prompt rows (1,000 resamples, fixed seed)
   mean_tvd   = mean over the target's own continuations of TVD(p_target, q_draft), both processed
                with the record's temperature (T = 0: one-hot argmax, so TVD = [argmaxes differ])
   tau_theory = (1 - a^(gamma+1)) / (1 - a) with a = 1 - mean_tvd  (DistillSpec Fig. 3c)
@@ -40,7 +42,9 @@ RECORD_KEYS = (
     "gamma",
     "temperature",
     "alpha",
+    "alpha_ci95",
     "tau",
+    "tau_ci95",
     "tau_theory",
     "speedup",
     "num_prompts",
@@ -241,14 +245,33 @@ def _spec_call(
     )  # fmt: skip
 
 
+def _valid_rows(results: Sequence[DecodeResult], field: str, batches) -> np.ndarray:
+    """A DecodeResult counter of every valid row of all batches, [R] float64."""
+    return np.concatenate(
+        [
+            np.asarray(getattr(r, field), np.float64)[valid_rows(b) > 0]
+            for r, b in zip(results, batches)
+        ]
+    )
+
+
 def _valid_sum(results: Sequence[DecodeResult], field: str, batches) -> float:
     """Sum of a DecodeResult counter over the valid rows of all batches."""
-    return float(
-        sum(
-            np.sum(np.asarray(getattr(r, field), np.float64) * valid_rows(b))
-            for r, b in zip(results, batches)
-        )
-    )
+    return float(np.sum(_valid_rows(results, field, batches)))
+
+
+def bootstrap_ci95(
+    numerators: np.ndarray, denominators: np.ndarray, resamples: int = 1000, seed: int = 0
+) -> float:
+    """Half-width of a 95% interval of sum(numerators) / sum(denominators) over rows [R]:
+    1.96 x the standard deviation of the ratio over `resamples` resamplings of the rows with
+    replacement (0 for a single row: one prompt gives no spread)."""
+    numerators, denominators = np.asarray(numerators), np.asarray(denominators)
+    if len(numerators) < 2:
+        return 0.0
+    picks = np.random.default_rng(seed).integers(0, len(numerators), (resamples, len(numerators)))
+    ratios = numerators[picks].sum(1) / np.maximum(denominators[picks].sum(1), 1.0)
+    return float(1.96 * np.std(ratios))
 
 
 def _record(plain, spec, t_plain, t_spec, batches, tvd: float, gamma: int) -> dict[str, Any]:
@@ -257,9 +280,12 @@ def _record(plain, spec, t_plain, t_spec, batches, tvd: float, gamma: int) -> di
     drafted, accepted = _valid_sum(spec, "drafted", batches), _valid_sum(spec, "accepted", batches)
     tokens_per_s = spec_tokens / max(t_spec, 1e-12)
     target_tokens_per_s = _valid_sum(plain, "lengths", batches) / max(t_plain, 1e-12)
+    rows = lambda field: _valid_rows(spec, field, batches)
     return {
         "alpha": accepted / max(drafted, 1.0),
+        "alpha_ci95": bootstrap_ci95(rows("accepted"), rows("drafted")),
         "tau": spec_tokens / max(_valid_sum(spec, "target_calls", batches), 1.0),
+        "tau_ci95": bootstrap_ci95(rows("lengths"), rows("target_calls")),
         "tau_theory": tau_from_tvd(tvd, gamma) if math.isfinite(tvd) else float("nan"),
         "speedup": tokens_per_s / max(target_tokens_per_s, 1e-12),
         "num_prompts": int(sum(valid_rows(b).sum() for b in batches)),
