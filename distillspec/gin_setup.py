@@ -47,7 +47,7 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
         ),
         "evaluate": gin.external_configurable(evaluate.evaluate, module="distillspec.evaluate"),
         "quickstart": gin.external_configurable(
-            quickstart.quickstart, module="distillspec.quickstart", denylist=["stage"]
+            quickstart.quickstart, module="distillspec.quickstart", denylist=["stage", "bindings"]
         ),
         "disco": gin.external_configurable(disco.disco, module="distillspec.disco"),
     }
@@ -71,7 +71,7 @@ def run_function(name: str) -> Callable[..., Any]:
     if name == "train":
         return lambda **kwargs: configured(config_text=config_str(), **kwargs)
     if name == "quickstart":
-        return lambda **kwargs: configured(stage=scoped_run, **kwargs)
+        return lambda **kwargs: configured(stage=scoped_run, bindings=scoped_bindings, **kwargs)
     return configured
 
 
@@ -83,6 +83,13 @@ def scoped_run(scope_name: str, name: str) -> Callable[..., Any]:
             return run_function(name)(**kwargs)
 
     return run
+
+
+def scoped_bindings(scope_name: str, name: str) -> dict[str, Any]:
+    """The arguments gin would pass to run function `name` under scope `scope_name/`, resolved
+    (config objects and models built), e.g. to key a cache of the run's result."""
+    with gin.config_scope(scope_name):
+        return gin.get_bindings(register_configurables()[name])
 
 
 MULTIPROCESS_RUNS = ("train",)  # The runs that use a device mesh; the others run on one device.

@@ -60,9 +60,16 @@ HEADERS = {
     "alpha": "α",
     "exact": "Exact",
     "vs_static_opt_pct": "Latency vs static-opt (%)",
+    # Model quality (evaluation.quality records).
+    "model": "Model",
+    "num_prompts": "Prompts",
+    "nll": "NLL (nats/token)",
+    "distinct_4": "distinct-4",
+    "repeating_share": "Looping outputs",
 }
 _GROUP_KEYS = ("task", "split", "temperature", "gamma")
-_TEXT_COLUMNS = ("task", "split", "draft", "policy")  # Left-aligned in Markdown.
+_TEXT_COLUMNS = ("task", "split", "draft", "policy", "model")
+_THREE_DECIMALS = ("nll", "distinct_4", "repeating_share")  # Left-aligned in Markdown.
 # DISCO Table 1 order; static-<k> sort by k between target and static-opt, unknown names last.
 _POLICY_ORDER = (TARGET_POLICY, *POLICY_NAMES)
 _POLICY_COLUMNS = (
@@ -271,7 +278,7 @@ def _format_cell(key: str, value: Any) -> str:
         return f"{value:+.2f}"
     if key.startswith("speedup"):
         return f"{value:.2f}×"
-    if key.startswith(("alpha_", "alpha[")) and isinstance(value, float):
+    if key.startswith(("alpha_", "alpha[")) or key in _THREE_DECIMALS and isinstance(value, float):
         return f"{value:.3f}"
     if isinstance(value, float):
         return f"{value:.2f}"

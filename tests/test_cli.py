@@ -7,12 +7,13 @@ its exports then feed `python -m distillspec.evaluate` and `python -m distillspe
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import gin
 import pytest
 
-from distillspec import gin_setup, quickstart, records
+from distillspec import gin_setup, quickstart, records, vocabularies
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "tests"
 
@@ -25,12 +26,31 @@ def clean_gin():
 
 
 @pytest.fixture(scope="module")
-def tiny_quickstart(tmp_path_factory):
+def model_cache(tmp_path_factory):
+    """A model cache of this module's own ($DISTILLSPEC_CACHE, restored afterwards)."""
+    cache = tmp_path_factory.mktemp("cache")
+    old = os.environ.get(vocabularies.CACHE_ENV_VAR)
+    os.environ[vocabularies.CACHE_ENV_VAR] = str(cache)
+    yield cache
+    if old is None:
+        del os.environ[vocabularies.CACHE_ENV_VAR]
+    else:
+        os.environ[vocabularies.CACHE_ENV_VAR] = old
+
+
+def _quickstart(out, *flags):
+    gin.clear_config()
+    made = quickstart.main(
+        [f"--output_dir={out}", f"--gin_file={CONFIGS / 'tiny_quickstart.gin'}", *flags]
+    )
+    gin.clear_config()
+    return made
+
+
+@pytest.fixture(scope="module")
+def tiny_quickstart(tmp_path_factory, model_cache):
     out = tmp_path_factory.mktemp("quickstart")
-    gin.clear_config()
-    made = quickstart.main([f"--output_dir={out}", f"--gin_file={CONFIGS / 'tiny_quickstart.gin'}"])
-    gin.clear_config()
-    return out, made
+    return out, _quickstart(out)
 
 
 def _flags(out, quickstart_dir) -> list[str]:
@@ -53,6 +73,27 @@ def test_tiny_quickstart(tiny_quickstart):
         assert (out / stage / "export" / "config.json").is_file()
         assert "TransformerConfig.embed_dim" in (out / stage / "config.gin").read_text()
     assert "τ with distillation" in (out / "table.md").read_text()
+    quality = records.read_jsonl(out / "quality.jsonl")
+    assert [q["model"] for q in quality] == ["target", "standard", "distilled"]
+    assert all(q["nll"] > 0 and q["num_prompts"] == 4 for q in quality)
+    assert "NLL (nats/token)" in (out / "quality.md").read_text()
+
+
+def test_pretrained_models_are_cached_by_their_config(tiny_quickstart, model_cache, tmp_path):
+    first = tiny_quickstart[0]
+    for stage in ("target", "draft"):  # Linked into the cache, complete.
+        assert (first / stage).is_symlink()
+        assert (first / stage).resolve().parent == model_cache / "models"
+        assert (first / stage / "CACHED").is_file()
+    weights = first / "target" / "export" / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+    # Another run that changes only the draft's training: the target is reused as it is, the
+    # draft is trained anew under another key.
+    _quickstart(tmp_path, "--gin.draft/LoopConfig.train_steps=3")
+    assert (tmp_path / "target").resolve() == (first / "target").resolve()
+    assert weights.stat().st_mtime_ns == before
+    assert (tmp_path / "draft").resolve() != (first / "draft").resolve()
+    assert records.read_jsonl(tmp_path / "draft" / "metrics.jsonl")[-1]["step"] == 3
 
 
 def test_tiny_evaluate_cli(tiny_quickstart, tmp_path):

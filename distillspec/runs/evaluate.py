@@ -16,8 +16,11 @@ from distillspec import tables
 from distillspec.disco import storage
 from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
 from distillspec.evaluation.policies import evaluate_policies, resolve_policies
-from distillspec.records import RECORDS_FILE, TUNED_POLICIES, append_records
+from distillspec.evaluation.quality import quality_records
+from distillspec.records import RECORDS_FILE, TUNED_POLICIES, append_records, write_jsonl_atomic
 from distillspec.runs.common import open_run, prompt_sets
+
+QUALITY_FILE = "quality.jsonl"
 
 
 def _with_classifiers(models, drafts, policies, vocab_size) -> dict[str, tuple]:
@@ -54,6 +57,7 @@ def evaluate(
     heuristic_sl_max: int = 8,
     heuristic_start: int = 5,
     oracle_sl_max: int = 64,
+    quality: bool = True,
 ) -> list[dict[str, Any]]:
     """Evaluates drafts against a target over eval sets and a grid; the target and each draft are
     Hugging Face or T5X checkpoint directories (`models.load_checkpoint` tells them apart).
@@ -69,6 +73,10 @@ def evaluate(
     the lookahead policy axis, timed at batch 1 (see `evaluation.policies`; the tuned policies
     read `<draft>/disco/`, written by python -m distillspec.disco). Then writes table.md,
     table.csv, tau_vs_gamma.png (and disco_table.md, oracle_sl_hist.png) and prints the tables.
+
+    With `quality`, also each model's quality as a model, per eval set (`evaluation.quality`:
+    NLL of the reference completions, distinct-4 and share of looping greedy outputs) in
+    OUTPUT_DIR/quality.jsonl and quality.md, printed after the tables.
     """
     if not gammas and not policies:
         raise ValueError("nothing to evaluate: gammas and policies are both empty")
@@ -108,4 +116,20 @@ def evaluate(
             oracle_sl_max=oracle_sl_max, vocab_size=vocab_size,
         )  # fmt: skip
     print(tables.format_report(records_path, output_dir))
+    if quality:
+        _report_quality(
+            output_dir, {"target": (target, target_params), **models}, sets,
+            task_feature_lengths["targets"], tokenizer.eos_id, vocab_size,
+        )  # fmt: skip
     return records
+
+
+def _report_quality(output_dir, models, sets, max_new_tokens, eos_id, vocab_size) -> None:
+    rows = []
+    for (task, split), batches in sets.items():
+        rows += quality_records(
+            models, batches, max_new_tokens=max_new_tokens, eos_id=eos_id, task=task,
+            split=split, vocab_size=vocab_size,
+        )  # fmt: skip
+    write_jsonl_atomic(os.path.join(output_dir, QUALITY_FILE), rows)
+    print(tables.write_markdown(rows, os.path.join(output_dir, "quality.md")))

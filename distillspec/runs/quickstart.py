@@ -6,8 +6,12 @@ standard draft's weights (on-policy, as DistillSpec warm-starts from the fine-tu
 evaluates both drafts with the speculative decoder and prints the table. Each stage is a run
 function (`train`, `evaluate`) configured under a scope (target/, draft/, distill/, evaluate/);
 the caller supplies them through `stage`, so this module knows nothing of gin (the command line,
-`distillspec.quickstart`, passes gin-configured ones). Rerunning resumes every training stage
-from its checkpoints.
+`distillspec.quickstart`, passes gin-configured ones).
+
+The pretrained target and standard draft are cached across runs (`runs.model_cache`, keyed by
+their configuration, the data and the training code): a second quickstart, or one that changes
+only the distillation or the evaluation, reuses them; OUTPUT_DIR/target and OUTPUT_DIR/draft
+link into the cache. Rerunning resumes every training stage from its checkpoints.
 """
 
 from __future__ import annotations
@@ -16,20 +20,45 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from distillspec.runs import model_cache
+
 # stage(scope, run name) -> that run function, configured under the scope.
 StageFn = Callable[[str, str], Callable[..., Any]]
+# bindings(scope, run name) -> the arguments the stage's run function would receive.
+BindingsFn = Callable[[str, str], dict[str, Any]]
+PRETRAINED = ("target", "draft")  # The stages the cache serves.
 
 
-def quickstart(output_dir: str = "runs/quickstart", *, stage: StageFn) -> list[dict]:
+def quickstart(
+    output_dir: str = "runs/quickstart",
+    cache_models: bool = True,
+    *,
+    stage: StageFn,
+    bindings: BindingsFn | None = None,
+) -> list[dict]:
     """Runs the pipeline under output_dir/{target,draft,distilled} and output_dir/records.jsonl.
+
+    Args:
+      output_dir: where the run's models, records and tables go.
+      cache_models: pretrain the target and the standard draft into the model cache (or reuse
+        them from it) and link them from output_dir; False trains them inside output_dir.
+      stage: the stages' run functions (see StageFn).
+      bindings: the stages' arguments, which key the cache (needed when cache_models).
 
     Returns:
       The evaluation records of this run (drafts labelled 'standard' and 'distilled').
     """
     path = lambda name: os.path.join(output_dir, name)
     export = lambda name: os.path.join(output_dir, name, "export")
-    stage("target", "train")(model_dir=path("target"))
-    stage("draft", "train")(model_dir=path("draft"))
+    for name in PRETRAINED:
+        train = stage(name, "train")
+        if not cache_models or (os.path.isdir(path(name)) and not os.path.islink(path(name))):
+            train(model_dir=path(name))  # An earlier uncached run here resumes in place.
+            continue
+        if bindings is None:
+            raise ValueError("cache_models needs the stages' bindings to key the cache")
+        key = model_cache.fingerprint(bindings(name, "train"))
+        model_cache.link(model_cache.cached_stage(name, key, train), path(name))
     stage("distill", "train")(
         model_dir=path("distilled"),
         teacher_checkpoint=export("target"),

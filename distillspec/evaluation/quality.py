@@ -1,0 +1,131 @@
+"""Model quality, apart from speculative decoding: is the target a real model of its data?
+
+  completion_nll     mean negative log-likelihood (nats/token) of the reference completions,
+                     teacher-forced after their prompts, as in training (`datagen.pack_for`)
+  distinct_ngrams    distinct n-grams / all n-grams over a set of outputs (pooled distinct-n,
+                     Li et al. 2016): near 0 for an output that repeats one loop
+  repeating_share    share of outputs that never stop and end in a short periodic run, the
+                     degenerate `x.call(____...` output of an under-trained target
+
+A degenerate target makes every speculative-decoding figure machine-dependent (greedy
+acceptance then depends on which loop bit-level rounding sends it into), so the quickstart
+reports these beside alpha and tau.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from distillspec import datagen, losses
+from distillspec.decoding import generate
+from distillspec.feature_converters import valid_rows
+from distillspec.models.base import TruncatedVocabulary
+from distillspec.sampling import SamplingConfig
+
+
+@functools.lru_cache(maxsize=16)
+def _nll_fn(model):
+    """Jitted (params, batch, targets [B, L], weights [B, L]) -> (nll sum, weight sum)."""
+
+    def nll(params, batch, targets, weights):
+        return losses.cross_entropy(model.logits(params, batch), targets, weights)
+
+    return jax.jit(nll)
+
+
+def completion_nll(model, params, batches: Sequence[dict]) -> float:
+    """Mean NLL (nats per completion token, EOS included) of the batches' reference completions.
+
+    Batches are `feature_converters.prompt_batches` output; rows with valid=False are weighted
+    out. Raises FloatingPointError on non-finite logits (a NaN must not become a loss figure).
+    """
+    fn = _nll_fn(model)
+    total, count = 0.0, 0.0
+    for b in batches:
+        packed = datagen.pack_for(model)(
+            b["prompt_tokens"], b["prompt_lengths"], b["completion_tokens"],
+            b["completion_lengths"],
+        )  # fmt: skip
+        weights = packed.pop("weights") * valid_rows(b)[:, None]
+        targets = packed.pop("targets")
+        s, c = jax.device_get(fn(params, packed, targets, weights))
+        if not np.isfinite(s):
+            raise FloatingPointError("non-finite logits while scoring reference completions")
+        total, count = total + float(s), count + float(c)
+    if not count:
+        raise ValueError("no completion tokens to score (every row is padding or empty)")
+    return total / count
+
+
+def _rows(tokens: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    return [np.asarray(t[: int(n)]) for t, n in zip(tokens, lengths)]
+
+
+def distinct_ngrams(tokens: np.ndarray, lengths: np.ndarray, n: int = 4) -> float:
+    """Pooled distinct-n of outputs [B, N] with lengths [B]: unique n-grams / all n-grams."""
+    rows = _rows(tokens, lengths)
+    grams = [tuple(row[i : i + n]) for row in rows for i in range(len(row) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else float("nan")
+
+
+def is_repeating(row: np.ndarray, min_run: int = 24, max_period: int = 16) -> bool:
+    """True if the last `min_run` tokens of `row` repeat with some period <= max_period."""
+    row = np.asarray(row)
+    return any(
+        len(row) >= min_run + p and np.array_equal(row[-min_run:], row[-min_run - p : -p])
+        for p in range(1, max_period + 1)
+    )
+
+
+def repeating_share(
+    tokens: np.ndarray, lengths: np.ndarray, eos_id: int | None, min_run: int = 24
+) -> float:
+    """Share of outputs [B, N] that run to the length limit without EOS and end in a periodic
+    run of `min_run` tokens (period <= 16): outputs stuck in a loop."""
+    rows = _rows(tokens, lengths)
+    stuck = [
+        (eos_id is None or len(r) == 0 or r[-1] != eos_id) and is_repeating(r, min_run)
+        for r in rows
+    ]
+    return float(np.mean(stuck)) if stuck else float("nan")
+
+
+def quality_records(
+    models: Mapping[str, tuple[Any, Any]],
+    batches: Sequence[dict],
+    *,
+    max_new_tokens: int,
+    eos_id: int | None,
+    task: str = "",
+    split: str = "",
+    vocab_size: int | None = None,
+) -> list[dict[str, Any]]:
+    """One record per model: {'model', 'task', 'split', 'num_prompts', 'nll', 'distinct_4',
+    'repeating_share'}; nll on the batches' reference completions, the other two on each
+    model's greedy output (max_new_tokens) for the same prompts."""
+    records = []
+    for name, (model, params) in models.items():
+        scored = model if vocab_size is None else TruncatedVocabulary(model, vocab_size)
+        tokens, lengths = [], []
+        for b in batches:
+            rows = valid_rows(b) > 0
+            out = generate(
+                model, params, b["prompt_tokens"], b["prompt_lengths"],
+                max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=0.0),
+                eos_id=eos_id, vocab_size=vocab_size,
+            )  # fmt: skip
+            tokens.append(np.asarray(out.tokens)[rows])
+            lengths.append(np.asarray(out.lengths)[rows])
+        tokens, lengths = np.concatenate(tokens), np.concatenate(lengths)
+        records.append({
+            "model": name, "task": task, "split": split, "num_prompts": len(lengths),
+            "nll": completion_nll(scored, params, batches),
+            "distinct_4": distinct_ngrams(tokens, lengths, 4),
+            "repeating_share": repeating_share(tokens, lengths, eos_id),
+        })  # fmt: skip
+    return records
