@@ -60,6 +60,10 @@ HEADERS = {
     "alpha": "α",
     "exact": "Exact",
     "vs_static_opt_pct": "Latency vs static-opt (%)",
+    # Over seeds (seed_spread_table).
+    "seeds": "Seeds",
+    "tau_ratio": "τ distilled / τ standard",
+    "gain_exceeds_spread": "Gain > 2 sd",
     # Model quality (evaluation.quality records).
     "model": "Model",
     "num_prompts": "Prompts",
@@ -172,6 +176,51 @@ def records_to_table(
     return rows
 
 
+_SEED_METRICS = ("alpha_baseline", "tau_baseline", "alpha_distilled", "tau_distilled")
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (NaN for a single value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def seed_spread_table(
+    runs: Sequence[Iterable[Mapping[str, Any]]],
+    baseline: str = "standard",
+    distilled: str = "distilled",
+) -> list[Row]:
+    """Table C.1 over training seeds: one row per (task, split, temperature, gamma) that every
+    run (the records of one seed) has, holding `seeds`, the mean and the sample standard
+    deviation (`_sd`) over runs of alpha and tau of both drafts and of `tau_ratio` (tau_distilled
+    / tau_baseline), and `gain_exceeds_spread`: whether the mean tau gain (distilled - baseline)
+    exceeds twice the standard deviation of that gain over the seeds."""
+    per_run = [
+        {tuple(r[k] for k in _GROUP_KEYS): r for r in records_to_table(run, baseline, distilled)}
+        for run in runs
+    ]
+    if not per_run:
+        raise ValueError("seed_spread_table needs the records of at least one run")
+    rows = []
+    for key in sorted(set.intersection(*(set(t) for t in per_run))):
+        seeds = [t[key] for t in per_run]
+        if any(r.get("tau_baseline") is None or r.get("tau_distilled") is None for r in seeds):
+            continue
+        row: Row = {**dict(zip(_GROUP_KEYS, key)), "seeds": len(seeds)}
+        for metric in (*_SEED_METRICS, "tau_ratio"):
+            values = [
+                r["tau_distilled"] / r["tau_baseline"] if metric == "tau_ratio" else r[metric]
+                for r in seeds
+            ]
+            row[metric], row[f"{metric}_sd"] = mean_sd(values)
+        gain, spread = mean_sd([r["tau_distilled"] - r["tau_baseline"] for r in seeds])
+        row["gain_exceeds_spread"] = len(seeds) > 1 and gain > 2 * spread
+        rows.append(row)
+    return rows
+
+
 def _policy_rank(policy: str) -> tuple:
     """Sort key of a policy name in DISCO's Table 1 order (see _POLICY_ORDER)."""
     if policy in _POLICY_ORDER:
@@ -246,15 +295,18 @@ def _columns(rows: Sequence[Row]) -> list[str]:
     return columns
 
 
-def _ci_key(key: str) -> str:
-    """The key of a value's 95% half-width: 'tau_baseline' -> 'tau_baseline_ci95',
-    'tau[fkl]' -> 'tau_ci95[fkl]'."""
+_SPREADS = ("_ci95", "_sd")  # A value's companions: 95% half-width over prompts, std over seeds.
+
+
+def _spread_keys(key: str) -> list[str]:
+    """The keys of a value's spreads: 'tau_baseline' -> 'tau_baseline_ci95', 'tau_baseline_sd';
+    'tau[fkl]' -> 'tau_ci95[fkl]', 'tau_sd[fkl]'."""
     metric, bracket, name = key.partition("[")
-    return f"{metric}_ci95{bracket}{name}"
+    return [f"{metric}{suffix}{bracket}{name}" for suffix in _SPREADS]
 
 
-def _is_ci_key(key: str) -> bool:
-    return "_ci95" in key
+def _is_spread_key(key: str) -> bool:
+    return any(suffix in key for suffix in _SPREADS)
 
 
 def _header(key: str) -> str:
@@ -289,7 +341,7 @@ def to_markdown(rows: Sequence[Row]) -> str:
     """A GitHub-flavoured Markdown table of the rows (empty string for no rows)."""
     if not rows:
         return ""
-    columns = [c for c in _columns(rows) if not _is_ci_key(c)]  # Shown beside their value.
+    columns = [c for c in _columns(rows) if not _is_spread_key(c)]  # Shown beside their value.
     lines = [
         "| " + " | ".join(_header(c) for c in columns) + " |",
         "|" + "|".join("---" if c in _TEXT_COLUMNS else "---:" for c in columns) + "|",
@@ -300,11 +352,16 @@ def to_markdown(rows: Sequence[Row]) -> str:
 
 
 def _cell_with_ci(row: Row, key: str) -> str:
-    """A cell, with its 95% half-width after it when the row has one ("3.84 ± 0.21")."""
-    text, ci = _format_cell(key, row.get(key)), row.get(_ci_key(key))
-    if ci is None or row.get(key) is None or (isinstance(ci, float) and math.isnan(ci)):
-        return text
-    return f"{text} ± {_format_cell(key, ci)}"
+    """A cell, with its spread after it when the row has one ("3.84 ± 0.21")."""
+    text = _format_cell(key, row.get(key))
+    for spread in (row.get(k) for k in _spread_keys(key)):
+        if spread is not None and row.get(key) is not None and not _is_nan(spread):
+            return f"{text} ± {_format_cell(key, spread)}"
+    return text
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
 
 
 def _parent(path: str | os.PathLike) -> None:

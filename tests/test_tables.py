@@ -54,6 +54,26 @@ def test_intervals_over_prompts_are_shown_beside_their_value(tmp_path):
     assert "| 2.31 |" in tables.to_markdown(tables.records_to_table(RECORDS))
 
 
+def test_seed_spread_table_means_and_standard_deviations():
+    scale = lambda records, f: [dict(r, tau=r["tau"] * f if r["draft"] == "distilled" else r["tau"])
+                                for r in records]  # fmt: skip
+    runs = [scale(RECORDS, 1.0), scale(RECORDS, 1.1), scale(RECORDS, 0.9)]
+    rows = tables.seed_spread_table(runs)
+    first = rows[0]  # T = 0, gamma 3: standard 2.31 every seed, distilled 2.62 * (1, 1.1, 0.9).
+    assert first["seeds"] == 3 and first["tau_baseline"] == pytest.approx(2.31)
+    assert first["tau_baseline_sd"] == pytest.approx(0.0)
+    assert first["tau_distilled"] == pytest.approx(2.62)
+    assert first["tau_distilled_sd"] == pytest.approx(0.262)  # sd of (0, +0.262, -0.262).
+    assert first["tau_ratio"] == pytest.approx(2.62 / 2.31)
+    # Gain 0.31 against a spread of 0.262 over seeds: not more than twice the spread.
+    assert first["gain_exceeds_spread"] is False
+    tight = tables.seed_spread_table([scale(RECORDS, 1.0), scale(RECORDS, 1.01)])
+    assert tight[0]["gain_exceeds_spread"] is True
+    assert "2.62 ± 0.26" in tables.to_markdown(rows)
+    single = tables.seed_spread_table(runs[:1])[0]  # One seed: no spread, no claim.
+    assert math.isnan(single["tau_distilled_sd"]) and single["gain_exceeds_spread"] is False
+
+
 def test_table_c1_layout_and_differences():
     rows = tables.records_to_table(RECORDS)
     assert [(r["temperature"], r["gamma"]) for r in rows] == [(0.0, 3), (0.0, 5), (1.0, 3)]

@@ -6,7 +6,8 @@ a stage once into `<cache>/models/<name>-<key>/` (`<cache>` = `$DISTILLSPEC_CACH
 
 * the stage's resolved run-function arguments (architecture, task, lengths, loop, optimizer,
   loss, data mixture, vocabulary, ...), so changing any of them trains a new model;
-* the Python version, whose standard library is the embedded default's data;
+* the Python version, whose standard library is the embedded default's data, and `$XLA_FLAGS`
+  (flags that change the CPU code path change the trained weights' bits);
 * the source of the package's training code (everything but `evaluation/`, `disco/`,
   `benchmarks/` and `tables.py`), so a changed trainer never serves a stale model.
 
@@ -62,7 +63,12 @@ def fingerprint(bindings: Mapping[str, Any]) -> str:
     """The cache key (20 hex digits) of a training stage with these run-function arguments."""
     config = {k: _describe(v) for k, v in sorted(bindings.items()) if k not in _NOT_CONFIG}
     text = json.dumps(
-        {"config": config, "python": platform.python_version(), "code": _code_digest()},
+        {
+            "config": config,
+            "python": platform.python_version(),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "code": _code_digest(),
+        },
         sort_keys=True,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:20]

@@ -1,0 +1,54 @@
+"""The quickstart's Table C.1 as mean ± standard deviation over training seeds.
+
+    for seed in 0 1 2; do
+      python -m distillspec.quickstart --output_dir runs/seed$seed --gin.SEED=$seed
+    done
+    python scripts/seed_spread.py runs/seed0 runs/seed1 runs/seed2 --out_dir runs/seeds
+
+Writes seeds.md and seeds.csv (`distillspec.tables.seed_spread_table`: alpha, tau and the tau
+ratio distilled / standard per task, temperature and gamma, and whether the gain exceeds twice
+its standard deviation over seeds), and quality.md (each model's NLL, distinct-4 and looping
+share, mean ± standard deviation), and prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from distillspec import tables
+from distillspec.records import RECORDS_FILE, read_jsonl
+
+QUALITY_METRICS = ("nll", "distinct_4", "repeating_share")
+
+
+def quality_spread(runs: list[list[dict]]) -> list[dict]:
+    """Mean ± sd over runs of every (task, split, model)'s quality record."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        for r in run:
+            groups.setdefault((r["task"], r["split"], r["model"]), []).append(r)
+    rows = []
+    for (task, split, model), records in groups.items():
+        row = {"task": task, "split": split, "model": model, "seeds": len(records)}
+        for metric in QUALITY_METRICS:
+            row[metric], row[f"{metric}_sd"] = tables.mean_sd([r[metric] for r in records])
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="quickstart output directories, one per seed")
+    parser.add_argument("--out_dir", default="runs/seeds")
+    args = parser.parse_args()
+    grid = [read_jsonl(os.path.join(d, RECORDS_FILE)) for d in args.runs]
+    rows = tables.seed_spread_table(grid)
+    print(tables.write_markdown(rows, os.path.join(args.out_dir, "seeds.md")))
+    tables.write_csv(rows, os.path.join(args.out_dir, "seeds.csv"))
+    quality = [read_jsonl(os.path.join(d, "quality.jsonl")) for d in args.runs]
+    print(tables.write_markdown(quality_spread(quality), os.path.join(args.out_dir, "quality.md")))
+
+
+if __name__ == "__main__":
+    main()
