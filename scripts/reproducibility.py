@@ -43,8 +43,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gin_file", default="configs/tests/reduced_quickstart.gin")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--xla_flags", action="append", default=None,
-                        help="an XLA_FLAGS setting (repeat; '' = none); default: '' twice")  # fmt: skip
+    parser.add_argument(
+        "--xla_flags", action="append", default=None,
+        help="an XLA_FLAGS setting (repeat; '' = none); default: '' twice",
+    )  # fmt: skip
     parser.add_argument("--out_dir", default="runs/reproducibility")
     args = parser.parse_args()
     settings = args.xla_flags or ["", ""]
