@@ -41,7 +41,7 @@ _EXCLUDED_DIRS = frozenset(
 # Longest completion kept, in characters: long bodies would only be truncated downstream.
 DEFAULT_MAX_COMPLETION_CHARS = 2000
 # Size of one language-model text chunk, in characters (chunks end on line boundaries).
-DEFAULT_LM_CHUNK_CHARS = 2000
+DEFAULT_LM_CHUNK_CHARS = 512
 
 
 @dataclasses.dataclass(frozen=True)
