@@ -47,6 +47,7 @@ def evaluate(
     temperatures: Sequence[float] = (0.0, 1.0),
     timing_repeats: int = 1,
     seed: int = 0,
+    latency_prompts: int | None = None,
     vocabulary: str | None = None,
     vocab_size: int | None = None,
     tfds_data_dir: str | None = None,
@@ -65,10 +66,13 @@ def evaluate(
     their embeddings to different sizes (both models' logits are cut to it).
 
     Appends one record per (eval set, draft, gamma, temperature) to OUTPUT_DIR/records.jsonl
-    (none if gammas is empty), and with `policies` one record per (eval set, draft, policy):
-    the lookahead policy axis, timed at batch 1 (see `evaluation.policies`; the tuned policies
-    read `<draft>/disco/`, written by python -m distillspec.disco). Then writes table.md,
-    table.csv, tau_vs_gamma.png (and disco_table.md, oracle_sl_hist.png) and prints the tables.
+    (none if gammas is empty): 'speedup' is the throughput speed-up on batches of batch_size,
+    'latency_speedup' the latency speed-up at batch 1 over the first latency_prompts prompts
+    of the set (None = all num_prompts, 0 = not measured). With `policies`, one record per
+    (eval set, draft, policy): the lookahead policy axis, timed at batch 1 (see
+    `evaluation.policies`; the tuned policies read `<draft>/disco/`, written by
+    python -m distillspec.disco). Then writes table.md, table.csv, tau_vs_gamma.png (and
+    disco_table.md, oracle_sl_hist.png) and prints the tables.
     """
     if not gammas and not policies:
         raise ValueError("nothing to evaluate: gammas and policies are both empty")
@@ -78,7 +82,7 @@ def evaluate(
         grid = GridConfig(
             gammas=tuple(gammas), temperatures=tuple(temperatures),
             max_new_tokens=task_feature_lengths["targets"], timing_repeats=timing_repeats,
-            seed=seed,
+            seed=seed, latency_prompts=latency_prompts,
         )  # fmt: skip
     resolve_policies(
         [p for p in policies if p not in TUNED_POLICIES], heuristic_sl_max=heuristic_sl_max,
