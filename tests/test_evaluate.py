@@ -367,3 +367,13 @@ def test_modeled_latency_by_hand():
     hist = [1, 1, 0, 1, 0, 0]
     disco = timing.modeled_latency_ms(Lookahead("disco", 5), hist, 6, 7, costs)
     assert disco == pytest.approx((1.0 + 1.5 + 2.5 + 3 * 0.3 + 3 * 0.2 + 3 * 0.1) / 7)
+
+
+def test_evaluate_run_rejects_a_bad_dtype_before_loading(tmp_path):
+    from distillspec.runs.evaluate import evaluate
+
+    with pytest.raises(
+        ValueError, match=r"dtype must be one of \('float32', 'bfloat16'\), got 'f16'"
+    ):
+        evaluate(str(tmp_path), str(tmp_path / "missing"), {"d": str(tmp_path / "missing")},
+                 dtype="f16")  # fmt: skip

@@ -16,6 +16,7 @@ from distillspec import tables
 from distillspec.disco import storage
 from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
 from distillspec.evaluation.policies import evaluate_policies, resolve_policies
+from distillspec.models.base import check_decode_dtype, for_decoding
 from distillspec.records import RECORDS_FILE, TUNED_POLICIES, append_records
 from distillspec.runs.common import open_run, prompt_sets
 
@@ -48,6 +49,7 @@ def evaluate(
     timing_repeats: int = 1,
     seed: int = 0,
     latency_prompts: int | None = None,
+    dtype: str = "float32",
     vocabulary: str | None = None,
     vocab_size: int | None = None,
     tfds_data_dir: str | None = None,
@@ -62,7 +64,9 @@ def evaluate(
     eval_sets are (task, split) pairs; a task is a built-in name, a path to a .jsonl / .txt
     file or directory (`tasks.FileTask`) or a `tasks.TfdsTaskSpec`. vocabulary: the tokenizer
     (`vocabularies.load_tokenizer`; None = the target checkpoint's tokenizer files, else the
-    embedded 'sentencepiece'). vocab_size: the tokenizer's size when target and drafts pad
+    embedded 'sentencepiece'). dtype: 'float32' or 'bfloat16', the decoders' parameters and
+    activations for every decoding and TVD (logits, sampling and acceptance stay float32; see
+    `models.base.for_decoding`). vocab_size: the tokenizer's size when target and drafts pad
     their embeddings to different sizes (both models' logits are cut to it).
 
     Appends one record per (eval set, draft, gamma, temperature) to OUTPUT_DIR/records.jsonl
@@ -76,7 +80,8 @@ def evaluate(
     """
     if not gammas and not policies:
         raise ValueError("nothing to evaluate: gammas and policies are both empty")
-    # Bad grid values and policy names fail before anything is loaded.
+    # Bad grid values, dtypes and policy names fail before anything is loaded.
+    check_decode_dtype(dtype)
     grid = None
     if gammas:
         grid = GridConfig(
@@ -92,6 +97,8 @@ def evaluate(
         "evaluate", output_dir, target_checkpoint, drafts, vocabulary, eval_sets, vocab_size,
         tfds_data_dir,
     )  # fmt: skip
+    target, target_params = for_decoding(target, target_params, dtype)
+    models = {name: for_decoding(*pair, dtype) for name, pair in models.items()}
     records_path = os.path.join(output_dir, RECORDS_FILE)
     sets = prompt_sets(names, task_feature_lengths, num_prompts, batch_size, tokenizer.prompt_bos)
     records = []
