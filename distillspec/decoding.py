@@ -119,6 +119,7 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
     start = jnp.maximum(state.position - 1, 0)
     logits, cache = draft.extend(params, cache, _read_rows(state.tokens, start, 2), start)
     logits = jnp.take_along_axis(logits, (state.position - start)[:, None, None], axis=1)[:, 0]
+    logits = logits.astype(jnp.float32)  # Policies and sampling read float32 in any dtype.
 
     def draw(i, logits, tokens, probs, stopped, num_drafts, calls):
         p = logits_to_probs(logits, spec.sampling, spec.vocab_size)
@@ -149,7 +150,8 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
         i, cache, (tokens, probs, stopped, num_drafts, calls) = loop
         fed = state.position + i  # Token i - 1 sits at position + 1 + (i - 1).
         logits, cache = draft.extend(params, cache, tokens[:, i - 1][:, None], fed)
-        return i + 1, cache, draw(i, logits[:, 0], tokens, probs, stopped, num_drafts, calls)
+        logits = logits[:, 0].astype(jnp.float32)
+        return i + 1, cache, draw(i, logits, tokens, probs, stopped, num_drafts, calls)
 
     def more(loop):  # Another draft: below sl_max, and some row is still drafting.
         i, _, (_, _, stopped, _, _) = loop

@@ -1,15 +1,16 @@
 """Turning evaluation records (records.jsonl) into tables and plots, without JAX.
 
 records.jsonl holds two kinds of records. Grid records (with a 'gamma' key, no 'policy' key) go
-into DistillSpec's Table C.1 layout: one row per (task/split, temperature, gamma) with tau and
-speed-up of the draft without distillation and with distillation, and the difference (tau as a
-relative improvement in %, speed-up as an absolute difference, e.g. +0.14), plus a tau-vs-gamma
-plot. Policy records (with a 'policy' key: target, static-<k>, static-opt, heuristic,
-confidence, disco, oracle) go into DISCO's Table 1 layout: one row per (task/split, draft,
-policy) with latency (ms/token), speed-up over the target, mean speculation lookahead (SL),
-tau, alpha, whether the output equals the target's, and the latency reduction relative to
-static-opt; the oracle's SL histogram gives DISCO's Figure 4. In both kinds, a later record of
-the same row replaces an earlier one (records.jsonl is append-only).
+into DistillSpec's Table C.1 layout: one row per (task/split, temperature, gamma) with tau,
+the batch throughput speed-up and the batch-1 latency speed-up of the draft without
+distillation and with distillation, and the differences (tau as a relative improvement in %,
+speed-ups as absolute differences, e.g. +0.14), plus a tau-vs-gamma plot. Policy records (with
+a 'policy' key: target, static-<k>, static-opt, heuristic, confidence, disco, oracle) go into
+DISCO's Table 1 layout: one row per (task/split, draft, policy) with latency (ms/token),
+speed-up over the target, mean speculation lookahead (SL), tau, alpha, whether the output equals
+the target's, and the latency reduction relative to static-opt; the oracle's SL histogram gives
+DISCO's Figure 4. In both kinds, a later record of the same row replaces an earlier one
+(records.jsonl is append-only).
 
 Usage: python -m distillspec.tables RECORDS_JSONL [--out_dir DIR]
 writes table.md, table.csv and tau_vs_gamma.png (if grid records exist), disco_table.md,
@@ -41,12 +42,15 @@ HEADERS = {
     "gamma": "γ",
     "alpha_baseline": "α w/o distillation",
     "tau_baseline": "τ w/o distillation",
-    "speedup_baseline": "Speed-up w/o distillation",
+    "speedup_baseline": "Throughput speed-up w/o distillation",
+    "latency_speedup_baseline": "Batch-1 latency speed-up w/o distillation",
     "alpha_distilled": "α with distillation",
     "tau_distilled": "τ with distillation",
-    "speedup_distilled": "Speed-up with distillation",
+    "speedup_distilled": "Throughput speed-up with distillation",
+    "latency_speedup_distilled": "Batch-1 latency speed-up with distillation",
     "tau_improvement_pct": "Δτ (%)",
-    "speedup_difference": "Δ speed-up",
+    "speedup_difference": "Δ throughput speed-up",
+    "latency_speedup_difference": "Δ batch-1 latency speed-up",
     # DISCO Table 1 (policy records).
     "draft": "Draft",
     "policy": "Policy",
@@ -71,9 +75,15 @@ HEADERS = {
     "distinct_4": "distinct-4",
     "repeating_share": "Looping outputs",
 }
+# Headers of the per-draft grid columns ('speedup[fkl]' reads 'Throughput speed-up fkl'):
+# 'speedup' alone is the policy table's batch-1 speed-up over the target.
+_DRAFT_HEADERS = {
+    "speedup": "Throughput speed-up",
+    "latency_speedup": "Batch-1 latency speed-up",
+}
 _GROUP_KEYS = ("task", "split", "temperature", "gamma")
-_TEXT_COLUMNS = ("task", "split", "draft", "policy", "model")
-_THREE_DECIMALS = ("nll", "distinct_4", "repeating_share")  # Left-aligned in Markdown.
+_TEXT_COLUMNS = ("task", "split", "draft", "policy", "model")  # Left-aligned in Markdown.
+_THREE_DECIMALS = ("nll", "distinct_4", "repeating_share")
 # DISCO Table 1 order; static-<k> sort by k between target and static-opt, unknown names last.
 _POLICY_ORDER = (TARGET_POLICY, *POLICY_NAMES)
 _POLICY_COLUMNS = (
@@ -134,18 +144,28 @@ def records_to_table(
     """Rows of the Table C.1 layout, one per (task, split, temperature, gamma), sorted; policy
     records (see `policy_table`) are ignored.
 
+    Two speed-ups: `speedup` is the batch throughput speed-up (on the evaluation's prompt
+    batches) and `latency_speedup` the batch-1 latency speed-up; the latter's columns appear
+    when some record has it (records of older runs lack it).
+
     If drafts named `baseline` and `distilled` both occur, each row holds alpha_baseline,
-    tau_baseline, speedup_baseline, alpha_distilled, tau_distilled, speedup_distilled,
-    tau_improvement_pct (100 * (tau_distilled / tau_baseline - 1)) and speedup_difference
-    (distilled - baseline); any other drafts follow as alpha[name] / tau[name] / speedup[name]
-    columns. Otherwise every draft gets its own alpha[name] / tau[name] / speedup[name] columns
-    (Table C.1 has both alpha and tau). Each alpha and tau has a `_ci95` companion (alpha_ci95
-    [name], tau_baseline_ci95, ...: the half-width of its 95% interval over prompts), shown in
-    Markdown as "3.84 ± 0.21". A value missing at a grid point is None.
+    tau_baseline, speedup_baseline, latency_speedup_baseline, alpha_distilled, tau_distilled,
+    speedup_distilled, latency_speedup_distilled, tau_improvement_pct (100 * (tau_distilled /
+    tau_baseline - 1)), speedup_difference and latency_speedup_difference (distilled -
+    baseline); any other drafts follow as alpha[name] / tau[name] / speedup[name] /
+    latency_speedup[name] columns. Otherwise every draft gets its own alpha[name] / tau[name] /
+    speedup[name] (/ latency_speedup[name]) columns (Table C.1 has both alpha and tau). Each
+    alpha and tau has a `_ci95` companion (alpha_ci95[name], tau_baseline_ci95, ...: the
+    half-width of its 95% interval over prompts), shown in Markdown as "3.84 ± 0.21". A value
+    missing at a grid point is None.
     """
     groups = _latest(records)
     names = sorted({name for drafts in groups.values() for name in drafts})
     compare = baseline in names and distilled in names
+    # Records of runs before batch-1 latency was measured keep their old layout.
+    latency = any(
+        r.get("latency_speedup") is not None for drafts in groups.values() for r in drafts.values()
+    )
     others = [n for n in names if not (compare and n in (baseline, distilled))]
     rows = []
     for key, drafts in groups.items():
@@ -154,29 +174,29 @@ def records_to_table(
             base, dist = drafts.get(baseline), drafts.get(distilled)
             tau_b, tau_d = _metric(base, "tau"), _metric(dist, "tau")
             speed_b, speed_d = _metric(base, "speedup"), _metric(dist, "speedup")
-            row.update(
-                alpha_baseline=_metric(base, "alpha"),
-                alpha_baseline_ci95=_metric(base, "alpha_ci95"),
-                tau_baseline=tau_b,
-                tau_baseline_ci95=_metric(base, "tau_ci95"),
-                speedup_baseline=speed_b,
-                alpha_distilled=_metric(dist, "alpha"),
-                alpha_distilled_ci95=_metric(dist, "alpha_ci95"),
-                tau_distilled=tau_d,
-                tau_distilled_ci95=_metric(dist, "tau_ci95"),
-                speedup_distilled=speed_d,
-                tau_improvement_pct=_ratio_pct(tau_d, tau_b),
-                speedup_difference=_difference(speed_d, speed_b),
-            )
+            for side, record in (("baseline", base), ("distilled", dist)):
+                for metric in ("alpha", "alpha_ci95", "tau", "tau_ci95", "speedup"):
+                    row[_side_key(metric, side)] = _metric(record, metric)
+                if latency:
+                    row[f"latency_speedup_{side}"] = _metric(record, "latency_speedup")
+            row["tau_improvement_pct"] = _ratio_pct(tau_d, tau_b)
+            row["speedup_difference"] = _difference(speed_d, speed_b)
+            if latency:
+                row["latency_speedup_difference"] = _difference(
+                    _metric(dist, "latency_speedup"), _metric(base, "latency_speedup")
+                )
         for name in others:
-            for metric in ("alpha", "alpha_ci95", "tau", "tau_ci95"):
+            metrics = ("alpha", "alpha_ci95", "tau", "tau_ci95", "speedup")
+            for metric in metrics + (("latency_speedup",) if latency else ()):
                 row[f"{metric}[{name}]"] = _metric(drafts.get(name), metric)
-            row[f"speedup[{name}]"] = _metric(drafts.get(name), "speedup")
         rows.append(row)
     return rows
 
 
-_SEED_METRICS = ("alpha_baseline", "tau_baseline", "alpha_distilled", "tau_distilled")
+_SEED_METRICS = (
+    "alpha_baseline", "tau_baseline", "latency_speedup_baseline",
+    "alpha_distilled", "tau_distilled", "latency_speedup_distilled",
+)  # fmt: skip
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -194,9 +214,9 @@ def seed_spread_table(
 ) -> list[Row]:
     """Table C.1 over training seeds: one row per (task, split, temperature, gamma) that every
     run (the records of one seed) has, holding `seeds`, the mean and the sample standard
-    deviation (`_sd`) over runs of alpha and tau of both drafts and of `tau_ratio` (tau_distilled
-    / tau_baseline), and `gain_exceeds_spread`: whether the mean tau gain (distilled - baseline)
-    exceeds twice the standard deviation of that gain over the seeds."""
+    deviation (`_sd`) over runs of alpha, tau and the batch-1 latency speed-up of both drafts
+    and of `tau_ratio` (tau_distilled / tau_baseline), and `gain_exceeds_spread`: whether the
+    mean tau gain (distilled - baseline) exceeds twice its standard deviation over the seeds."""
     per_run = [
         {tuple(r[k] for k in _GROUP_KEYS): r for r in records_to_table(run, baseline, distilled)}
         for run in runs
@@ -211,14 +231,21 @@ def seed_spread_table(
         row: Row = {**dict(zip(_GROUP_KEYS, key)), "seeds": len(seeds)}
         for metric in (*_SEED_METRICS, "tau_ratio"):
             values = [
-                r["tau_distilled"] / r["tau_baseline"] if metric == "tau_ratio" else r[metric]
+                r["tau_distilled"] / r["tau_baseline"] if metric == "tau_ratio" else r.get(metric)
                 for r in seeds
             ]
-            row[metric], row[f"{metric}_sd"] = mean_sd(values)
+            if None not in values:  # Older records have no batch-1 latency.
+                row[metric], row[f"{metric}_sd"] = mean_sd(values)
         gain, spread = mean_sd([r["tau_distilled"] - r["tau_baseline"] for r in seeds])
         row["gain_exceeds_spread"] = len(seeds) > 1 and gain > 2 * spread
         rows.append(row)
     return rows
+
+
+def _side_key(metric: str, side: str) -> str:
+    """The row key of a compared draft's metric: ('tau_ci95', 'baseline') -> 'tau_baseline_ci95'."""
+    base, ci, _ = metric.partition("_ci95")
+    return f"{base}_{side}{ci}"
 
 
 def _policy_rank(policy: str) -> tuple:
@@ -312,7 +339,9 @@ def _is_spread_key(key: str) -> bool:
 def _header(key: str) -> str:
     """Markdown header of a column: 'tau[fkl]' reads 'τ fkl'."""
     metric, _, name = key.rstrip("]").partition("[")
-    return f"{HEADERS.get(metric, metric)} {name}" if name else HEADERS.get(key, key)
+    if name:
+        return f"{_DRAFT_HEADERS.get(metric, HEADERS.get(metric, metric))} {name}"
+    return HEADERS.get(key, key)
 
 
 def _format_cell(key: str, value: Any) -> str:
@@ -326,9 +355,9 @@ def _format_cell(key: str, value: Any) -> str:
         return f"{value:g}"
     if key in ("tau_improvement_pct", "vs_static_opt_pct"):
         return f"{value:+.1f}%"
-    if key == "speedup_difference":
+    if key in ("speedup_difference", "latency_speedup_difference"):
         return f"{value:+.2f}"
-    if key.startswith("speedup"):
+    if key.startswith(("speedup", "latency_speedup")):
         return f"{value:.2f}×"
     if key.startswith(("alpha_", "alpha[")) or key in _THREE_DECIMALS and isinstance(value, float):
         return f"{value:.3f}"

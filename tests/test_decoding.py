@@ -1,5 +1,6 @@
 """Plain and speculative decoding against stub models with exactly known distributions."""
 
+import functools
 import itertools
 
 import jax
@@ -15,15 +16,28 @@ from tests.test_utils import TRACE_COUNTS, MarkovStub, markov_pair, ragged_promp
 SAMPLE = SamplingConfig(temperature=1.0)
 
 
+DTYPES = ("float32", "bfloat16")
+
+
 @pytest.fixture(scope="module")
 def pair():
     return markov_pair(vocab=16, seed=0, noise=1.0)
 
 
-@pytest.mark.parametrize("gamma", range(1, 9))
-@pytest.mark.parametrize("batch", [1, 4])
-def test_greedy_speculative_equals_greedy_target(pair, gamma, batch):
-    target, draft = pair
+@functools.cache
+def _pair(dtype):
+    return markov_pair(vocab=16, seed=0, noise=1.0, dtype=dtype)
+
+
+# Every gamma in float32; a spread of them in bfloat16 (stubs with bfloat16 logits; the plain
+# reference is the same bfloat16 target).
+GREEDY_CASES = [(g, b, "float32") for g in range(1, 9) for b in (1, 4)]
+GREEDY_CASES += [(1, 1, "bfloat16"), (4, 4, "bfloat16"), (8, 4, "bfloat16")]
+
+
+@pytest.mark.parametrize("gamma,batch,dtype", GREEDY_CASES)
+def test_greedy_speculative_equals_greedy_target(gamma, batch, dtype):
+    target, draft = _pair(dtype)
     prompts, lengths = ragged_prompts(batch, 5, target.vocab_size, seed=gamma)
     plain = generate(target, None, prompts, lengths, max_new_tokens=24)
     spec = speculative_generate(
@@ -58,9 +72,10 @@ def test_plain_greedy_follows_the_table(pair):
     assert out.tokens[0].tolist() == seq[2:]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SAMPLE])
-def test_draft_equal_to_target_accepts_every_draft(pair, sampling):
-    target, _ = pair
+def test_draft_equal_to_target_accepts_every_draft(sampling, dtype):
+    target, _ = _pair(dtype)
     prompts, lengths = ragged_prompts(4, 3, target.vocab_size)
     out = speculative_generate(
         target,
@@ -124,10 +139,16 @@ def _exact_joint(target, prompt, n):
 
 
 @pytest.mark.parametrize(
-    "gamma,sampling", [(1, SAMPLE), (2, SAMPLE), (3, SamplingConfig(1.0, top_k=3))]
+    "gamma,sampling,dtype",
+    [
+        (1, SAMPLE, "float32"),
+        (2, SAMPLE, "float32"),
+        (3, SamplingConfig(1.0, top_k=3), "float32"),
+        (2, SAMPLE, "bfloat16"),  # Against the exact distribution of the bfloat16 target.
+    ],
 )
-def test_sampling_reproduces_target_distribution(gamma, sampling):
-    target, draft = markov_pair(vocab=4, seed=11, noise=1.5, scale=1.0)
+def test_sampling_reproduces_target_distribution(gamma, sampling, dtype):
+    target, draft = markov_pair(vocab=4, seed=11, noise=1.5, scale=1.0, dtype=dtype)
     n_samples, n_tokens = 60_000, 3
     prompts = np.tile(np.array([[1, 2]], np.int32), (n_samples, 1))
     lengths = np.full(n_samples, 2, np.int32)
@@ -180,8 +201,9 @@ def test_distribution_test_has_power_against_a_wrong_rule():
     assert stats.chisquare(counts, expected / expected.sum() * n_samples).pvalue < 1e-9
 
 
-def test_sampled_plain_decoding_reproduces_target_distribution():
-    target, _ = markov_pair(vocab=4, seed=11, noise=1.5, scale=1.0)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sampled_plain_decoding_reproduces_target_distribution(dtype):
+    target, _ = markov_pair(vocab=4, seed=11, noise=1.5, scale=1.0, dtype=dtype)
     n_samples = 40_000
     prompts = np.tile(np.array([[1, 2]], np.int32), (n_samples, 1))
     out = generate(

@@ -3,11 +3,13 @@
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from distillspec.decoding import generate, speculative_generate
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
+from distillspec.models.base import for_decoding
 from distillspec.sampling import SamplingConfig
 from tests.test_utils import ragged_prompts
 
@@ -42,11 +44,14 @@ def _perturbed(params, noise, seed):
 
 
 @functools.cache
-def _family(name):
-    """(model, target params, draft params) of a family, built once per test session."""
+def _family(name, dtype="float32"):
+    """(model, target params, draft params) of a family, built once per test session, decoding
+    in dtype (`models.base.for_decoding`: parameters and activations; logits float32)."""
     model = FAMILIES[name]()
     params = model.init(jax.random.PRNGKey(0))
-    return model, params, _perturbed(params, 0.05, seed=1)
+    draft_params = _perturbed(params, 0.05, seed=1)
+    decoding_model, params = for_decoding(model, params, dtype)
+    return decoding_model, params, for_decoding(model, draft_params, dtype)[1]
 
 
 # gamma 1..8 at batch 4 and a few at batch 1; gpt2 shares every code path with llama but its
@@ -54,11 +59,14 @@ def _family(name):
 CASES = [(g, 4) for g in range(1, 9)] + [(1, 1), (3, 1), (8, 1)]
 PARAMS = [(name, g, b) for name in ("llama", "t5") for g, b in CASES]
 PARAMS += [("gpt2", g, b) for g, b in [(1, 4), (4, 4), (8, 4), (2, 1)]]
+PARAMS = [(*p, "float32") for p in PARAMS]
+# bfloat16 against the bfloat16 target: every family, a few cases each.
+PARAMS += [("llama", 3, 4, "bfloat16"), ("gpt2", 5, 1, "bfloat16"), ("t5", 3, 4, "bfloat16")]
 
 
-@pytest.mark.parametrize("name,gamma,batch", PARAMS)
-def test_greedy_speculative_equals_greedy_target(name, gamma, batch):
-    model, params, draft_params = _family(name)
+@pytest.mark.parametrize("name,gamma,batch,dtype", PARAMS)
+def test_greedy_speculative_equals_greedy_target(name, gamma, batch, dtype):
+    model, params, draft_params = _family(name, dtype)
     prompts, lengths = ragged_prompts(batch, 6, VOCAB, seed=gamma)
     plain = generate(model, params, prompts, lengths, max_new_tokens=MAX_NEW)
     spec = speculative_generate(
@@ -70,9 +78,11 @@ def test_greedy_speculative_equals_greedy_target(name, gamma, batch):
         assert spec.alpha < 1  # ... and rejected: both paths of the rule ran.
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_sampling_runs_and_draft_equal_target_accepts_all(name):
-    model, params, _ = _family(name)
+@pytest.mark.parametrize(
+    "name,dtype", [(name, "float32") for name in sorted(FAMILIES)] + [("llama", "bfloat16")]
+)
+def test_sampling_runs_and_draft_equal_target_accepts_all(name, dtype):
+    model, params, _ = _family(name, dtype)
     prompts, lengths = ragged_prompts(4, 6, VOCAB, seed=0)
     out = speculative_generate(
         model, model, params, params, prompts, lengths, jax.random.PRNGKey(0),
@@ -106,3 +116,33 @@ def test_dynamic_lookahead_keeps_greedy_output_exact(name):
         np.testing.assert_array_equal(spec.tokens, plain.tokens, err_msg=policy.name)
         if policy.kind != "disco":  # (A random classifier may well stop at the same place.)
             assert len(np.flatnonzero(spec.sl_histogram.sum(0))) >= 2, policy.name
+
+
+def _first_step(model, params, prompts, lengths):
+    """(logits [B, 1, V], cache) of one decoding step after the prompt, jitted."""
+
+    @jax.jit
+    def step(params):
+        cache, _, position = model.prefill(params, prompts, lengths, 16)
+        return model.extend(params, cache, prompts[:, :1], position)
+
+    return step(params)
+
+
+def test_for_decoding_casts_parameters_and_activations_not_logits():
+    model, params, _ = _family("llama", "bfloat16")
+    assert model.config.dtype == "bfloat16"
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+    prompts, lengths = ragged_prompts(2, 6, VOCAB, seed=0)
+    logits, cache = _first_step(model, params, prompts, lengths)
+    assert logits.dtype == jnp.float32
+    assert {x.dtype for x in jax.tree.leaves(cache) if x.ndim >= 3} == {jnp.dtype(jnp.bfloat16)}
+    # The bfloat16 target really differs from the float32 one (the tests above are not vacuous).
+    f32, f32_params, _ = _family("llama")
+    f32_logits, _ = _first_step(f32, f32_params, prompts, lengths)
+    assert not np.array_equal(np.asarray(logits), np.asarray(f32_logits))
+    np.testing.assert_allclose(logits, f32_logits, atol=0.1 * float(np.abs(f32_logits).max()))
+    with pytest.raises(
+        ValueError, match=r"dtype must be one of \('float32', 'bfloat16'\), got 'fp16'"
+    ):
+        for_decoding(f32, f32_params, "fp16")

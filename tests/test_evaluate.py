@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -73,6 +74,9 @@ def test_one_record_per_grid_point_with_exact_keys(setup):
         assert r["num_prompts"] == 6  # 4 + 2 valid rows.
         assert (r["task"], r["split"], r["max_new_tokens"]) == ("toy", "validation", MAX_NEW)
         assert r["speedup"] > 0 and r["tokens_per_s"] > 0 and r["target_tokens_per_s"] > 0
+        # Batch-1 latency over every valid prompt (latency_prompts None = all).
+        assert r["latency_prompts"] == 6 and r["latency_ms"] > 0 and r["target_latency_ms"] > 0
+        assert r["latency_speedup"] == pytest.approx(r["target_latency_ms"] / r["latency_ms"])
         json.dumps(r)  # Plain JSON types only.
 
 
@@ -208,6 +212,8 @@ def test_records_round_trip(tmp_path, setup):
         (dict(temperatures=(1.0, -0.5)), "temperatures"),
         (dict(max_new_tokens=0), "max_new_tokens"),
         (dict(timing_repeats=0), "timing_repeats"),
+        (dict(latency_prompts=-1), "latency_prompts must be an integer >= 0, got -1"),
+        (dict(latency_prompts=2.5), "latency_prompts"),
     ],
 )
 def test_bad_inputs_fail_before_decoding(setup, change, message):
@@ -240,6 +246,67 @@ def test_timing_interleaves_and_excludes_warmup():
     assert calls == pair(0) * 3 + pair(1) * 2 + pair(2) * 3
     assert plain_out == ["p0", "p1", "p2"] and spec_out == ["s0", "s1", "s2"]
     assert t_plain >= 0 and t_spec >= 0
+
+
+def test_latency_prompts_are_the_first_valid_rows_at_batch_1(setup):
+    *_, prompts, _, _ = setup
+    singles = evaluation.latency_batches(prompts, 3)
+    assert len(singles) == 3 and len(evaluation.latency_batches(prompts, None)) == 6
+    for single, (batch, row) in zip(singles, [(0, 0), (0, 1), (0, 2)]):
+        assert single["prompt_tokens"].shape == (1, 5)
+        np.testing.assert_array_equal(
+            single["prompt_tokens"][0], prompts[batch]["prompt_tokens"][row]
+        )
+        assert single["prompt_lengths"][0] == prompts[batch]["prompt_lengths"][row]
+    # The padded batch's invalid rows are never timed.
+    assert len(evaluation.latency_batches(prompts[1:], None)) == 2
+    assert evaluation.latency_batches(prompts, 0) == []
+
+
+def test_latency_fields_by_hand_with_a_fake_clock(monkeypatch):
+    # Plain decoding takes 3 clock units per call, speculative 1; each prompt yields 4 tokens
+    # plain and 4 speculative: latency speed-up 3 exactly, ms per token = 1000 * units / 4.
+    clock = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    calls = []
+
+    def fake(name, cost):
+        def run(index, batch):
+            calls.append((name, index))
+            clock[0] += cost
+            return SimpleNamespace(lengths=np.array([4]))
+
+        return run
+
+    singles = [{"prompt_tokens": np.zeros((1, 5))} for _ in range(2)]
+    fields = evaluation._latency_fields(fake("plain", 3.0), fake("spec", 1.0), singles, 3)
+    assert fields == {
+        "latency_speedup": pytest.approx(3.0),
+        "latency_ms": pytest.approx(1000.0 * 2 / 8),
+        "target_latency_ms": pytest.approx(1000.0 * 6 / 8),
+        "latency_prompts": 2,
+    }
+    # One untimed warm-up for the one compiled shape, then 3 interleaved pairs per prompt.
+    assert calls == [("plain", 0), ("spec", 0)] * 4 + [("plain", 1), ("spec", 1)] * 3
+    none = evaluation._latency_fields(fake("plain", 3.0), fake("spec", 1.0), [], 3)
+    assert none == dict(latency_speedup=None, latency_ms=None, target_latency_ms=None,
+                        latency_prompts=0)  # fmt: skip
+
+
+def test_latency_prompts_limits_the_batch_1_timing(setup):
+    model, params, prompts, drafts, _ = setup
+    grid = GridConfig(gammas=(2,), temperatures=(0.0,), max_new_tokens=4, latency_prompts=2)
+    (record,) = evaluation.evaluate_drafts(
+        model, params, {"same": drafts["same"]}, prompts, grid, eos_id=None
+    )
+    assert record["latency_prompts"] == 2 and record["num_prompts"] == 6
+    assert record["latency_speedup"] > 0
+    grid = dataclasses.replace(grid, latency_prompts=0)
+    (record,) = evaluation.evaluate_drafts(
+        model, params, {"same": drafts["same"]}, prompts, grid, eos_id=None
+    )
+    assert record["latency_prompts"] == 0 and record["latency_speedup"] is None
+    assert record["speedup"] > 0  # The throughput speed-up is measured all the same.
 
 
 def test_all_rows_invalid_is_an_error(setup):
@@ -300,3 +367,13 @@ def test_modeled_latency_by_hand():
     hist = [1, 1, 0, 1, 0, 0]
     disco = timing.modeled_latency_ms(Lookahead("disco", 5), hist, 6, 7, costs)
     assert disco == pytest.approx((1.0 + 1.5 + 2.5 + 3 * 0.3 + 3 * 0.2 + 3 * 0.1) / 7)
+
+
+def test_evaluate_run_rejects_a_bad_dtype_before_loading(tmp_path):
+    from distillspec.runs.evaluate import evaluate
+
+    with pytest.raises(
+        ValueError, match=r"dtype must be one of \('float32', 'bfloat16'\), got 'f16'"
+    ):
+        evaluate(str(tmp_path), str(tmp_path / "missing"), {"d": str(tmp_path / "missing")},
+                 dtype="f16")  # fmt: skip

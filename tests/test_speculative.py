@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from distillspec.sampling import SamplingConfig, logits_to_probs
 from distillspec.speculative import Lenience, accept_or_resample, acceptance_probability
 
 P = np.array([0.5, 0.25, 0.15, 0.10])
@@ -39,10 +40,20 @@ def test_worked_example_acceptance_and_output_distribution():
     assert _chi2_pvalue(first, Q) < 1e-12  # The test has the power to tell p from q.
 
 
+def _in_dtype(probs, dtype):
+    """probs as a model decoding in dtype gives them: logits rounded to dtype, then processed
+    in float32 (`logits_to_probs`), as the decoders do."""
+    logits = jnp.log(jnp.asarray(probs, jnp.float32)).astype(dtype)
+    return np.asarray(logits_to_probs(logits, SamplingConfig(temperature=1.0)), np.float64)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_expected_acceptance_is_one_minus_tvd(seed):
+def test_expected_acceptance_is_one_minus_tvd(seed, dtype):
     rng = np.random.default_rng(seed)
     p, q = rng.dirichlet(np.ones(6)), rng.dirichlet(np.ones(6))
+    p, q = _in_dtype(p, dtype), _in_dtype(q, dtype)
+    p, q = p / p.sum(), q / q.sum()  # (float32 sums are off by ~1e-7; chisquare wants equal.)
     n = 100_000
     accepted, first = _one_step(p, q, n, seed)
     expected = np.minimum(p, q).sum()

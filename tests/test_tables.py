@@ -105,11 +105,46 @@ def test_other_draft_names_fall_back_to_one_column_pair_per_draft():
     records = [_record("fkl", 3, 0.0, 2.5, 1.5), _record("jsd", 3, 0.0, 2.7, 1.6)]
     (row,) = tables.records_to_table(records)
     assert row["tau[fkl]"] == 2.5 and row["speedup[jsd]"] == 1.6
-    assert "| α fkl | τ fkl | Speed-up fkl |" in tables.to_markdown([row])
+    assert "| α fkl | τ fkl | Throughput speed-up fkl |" in tables.to_markdown([row])
     assert "tau_improvement_pct" not in row
     # Extra drafts next to the compared pair get their own columns too.
     (row,) = tables.records_to_table(RECORDS[:2] + [_record("gkd", 3, 0.0, 2.9, 1.7)])
     assert row["tau_distilled"] == 2.62 and row["tau[gkd]"] == 2.9
+
+
+def test_batch_1_latency_speedup_beside_the_throughput_speedup(tmp_path):
+    latency = {"standard": 0.8, "distilled": 1.25}
+    records = [dict(r, latency_speedup=latency[r["draft"]] + r["gamma"] / 100) for r in RECORDS]
+    rows = tables.records_to_table(records)
+    first = rows[0]
+    assert first["latency_speedup_baseline"] == pytest.approx(0.83)
+    assert first["latency_speedup_distilled"] == pytest.approx(1.28)
+    assert first["latency_speedup_difference"] == pytest.approx(0.45)
+    assert first["speedup_baseline"] == 1.44  # The throughput speed-up is kept.
+    columns = list(first)
+    for side in ("baseline", "distilled"):  # Each draft's latency column follows its throughput.
+        assert columns.index(f"latency_speedup_{side}") == columns.index(f"speedup_{side}") + 1
+    text = tables.to_markdown(rows)
+    header = text.splitlines()[0]
+    assert (
+        "| Throughput speed-up w/o distillation | Batch-1 latency speed-up w/o distillation |"
+        in (header)
+    )
+    assert (
+        "| Throughput speed-up with distillation | Batch-1 latency speed-up with distillation |"
+        in (header)
+    )
+    assert "Δ batch-1 latency speed-up" in header and "Δ throughput speed-up" in header
+    assert "| 1.44× | 0.83× |" in text and "| 1.58× | 1.28× |" in text and "| +0.45 |" in text
+    # Other draft names: one batch-1 latency column each, next to the throughput one.
+    (row,) = tables.records_to_table([dict(_record("fkl", 3, 0.0, 2.5, 1.5), latency_speedup=1.1)])
+    assert row["latency_speedup[fkl]"] == 1.1
+    assert "| Throughput speed-up fkl | Batch-1 latency speed-up fkl |" in tables.to_markdown([row])
+    # A grid point whose record predates the latency measurement shows "–".
+    (row, *_) = tables.records_to_table(records[1:] + [RECORDS[0]])
+    assert row["latency_speedup_baseline"] is None and row["latency_speedup_difference"] is None
+    tables.write_csv(rows, tmp_path / "t.csv")
+    assert "latency_speedup_distilled" in (tmp_path / "t.csv").read_text().splitlines()[0]
 
 
 def test_markdown_text(tmp_path):

@@ -21,8 +21,10 @@ class MarkovStub:
     the wrong position, changes the distributions and is caught by the exactness tests.
     """
 
-    def __init__(self, table: np.ndarray, name: str = "stub"):
-        self.table = jnp.asarray(table, jnp.float32)  # [V, V, V] logits.
+    def __init__(self, table: np.ndarray, name: str = "stub", dtype: str = "float32"):
+        # [V, V, V] logits in the decoding dtype: a 'bfloat16' stub returns bfloat16 logits, and
+        # its exact distribution (next_probs) is that of the rounded table.
+        self.table = jnp.asarray(table, jnp.float32).astype(dtype)
         self.vocab_size = int(table.shape[-1])
         self.encoder_decoder = False
         self.name = name
@@ -43,15 +45,19 @@ class MarkovStub:
 
     def next_probs(self, prev: int, last: int) -> np.ndarray:
         """Exact next-token distribution after (prev, last)."""
-        return np.asarray(jax.nn.softmax(self.table[prev, last]), np.float64)
+        return np.asarray(jax.nn.softmax(self.table[prev, last].astype(jnp.float32)), np.float64)
 
 
-def markov_pair(vocab: int, seed: int, noise: float, scale: float = 2.0):
-    """A target stub and a draft stub whose table is the target's plus Gaussian noise."""
+def markov_pair(vocab: int, seed: int, noise: float, scale: float = 2.0, dtype: str = "float32"):
+    """A target stub and a draft stub whose table is the target's plus Gaussian noise, both
+    with logits in dtype."""
     rng = np.random.default_rng(seed)
     table = scale * rng.standard_normal((vocab, vocab, vocab))
     draft_table = table + noise * rng.standard_normal(table.shape)
-    return MarkovStub(table, f"target{seed}"), MarkovStub(draft_table, f"draft{seed}")
+    return (
+        MarkovStub(table, f"target{seed}{dtype}", dtype),
+        MarkovStub(draft_table, f"draft{seed}{dtype}", dtype),
+    )
 
 
 def ragged_prompts(batch: int, length: int, vocab: int, seed: int = 0):

@@ -10,7 +10,9 @@ Measures in one process, with compilation excluded and plain/speculative runs in
   speedup_ideal       tau / (gamma * c + r_gamma), what a zero-overhead loop would reach;
   efficiency          speedup / speedup_ideal;
   exact_greedy        whether every speculative greedy output equals the plain greedy output.
-Ratios are medians over the interleaved repeats; absolute times are context only.
+Ratios are medians over the interleaved repeats; absolute times are context only. `--dtype`
+decodes in 'float32' or 'bfloat16' (parameters and activations; logits stay float32), or in
+both, one record each; each record names its dtype.
 
 The reference pair (see `reference_pair`): a Llama-style target of >= 50 MB float32 weights, so
 that a decode step on a CPU is memory-bound, and an early-exit draft made of the target's own
@@ -37,6 +39,7 @@ from distillspec.benchmarks import emit
 from distillspec.decoding import generate, speculative_generate
 from distillspec.evaluation.timing import interleaved, megabytes, step_timer
 from distillspec.models import DecoderOnlyLM, TransformerConfig
+from distillspec.models.base import DECODE_DTYPES, check_decode_dtype, for_decoding
 
 TARGET = TransformerConfig(
     vocab_size=4096,
@@ -74,11 +77,18 @@ def reference_pair(draft_layers: int, deep_residual_scale: float, seed: int = 0)
     return target, params, draft, draft_params, description
 
 
+def in_dtype(pair, dtype: str):
+    """The pair decoding in dtype (`models.base.for_decoding`), its description unchanged."""
+    target, target_params, draft, draft_params, description = pair
+    return (*for_decoding(target, target_params, dtype), *for_decoding(draft, draft_params, dtype),
+            description)  # fmt: skip
+
+
 def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompt_len: int, repeats: int):
     """One configuration: interleaved plain / speculative runs and step timers -> a record."""
     target, target_params, draft, draft_params, description = pair
     rng = np.random.default_rng(batch)
-    prompts = rng.integers(1, TARGET.vocab_size, (batch, prompt_len)).astype(np.int32)
+    prompts = rng.integers(1, target.vocab_size, (batch, prompt_len)).astype(np.int32)
     lengths = np.full((batch,), prompt_len, np.int32)
     plain = lambda: generate(target, target_params, prompts, lengths, max_new_tokens=max_new_tokens)
     spec = lambda: speculative_generate(
@@ -103,6 +113,7 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompt_len: int, 
     return {
         "gamma": gamma,
         "batch": batch,
+        "dtype": str(jax.tree.leaves(target_params)[0].dtype),
         "temperature": 0.0,
         "alpha": round(spec_out.alpha, 4),
         "tau": round(spec_out.tau, 4),
@@ -134,15 +145,35 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved pairs of runs (>= 5)")
     parser.add_argument("--draft_layers", type=int, default=1)
     parser.add_argument("--deep_residual_scale", type=float, default=0.1)
+    parser.add_argument(
+        "--dtype",
+        nargs="+",
+        default=["float32"],
+        help=f"decoding dtypes, of {tuple(DECODE_DTYPES)}",
+    )
     args = parser.parse_args(argv)
+    for dtype in args.dtype:
+        try:
+            check_decode_dtype(dtype)
+        except ValueError as e:
+            parser.error(f"--dtype: {e}")
     pair = reference_pair(args.draft_layers, args.deep_residual_scale)
     records = []
-    for batch in args.batch:
-        print(f"measuring gamma={args.gamma} batch={batch} ...", file=sys.stderr, flush=True)
-        records.append(
-            measure(pair, args.gamma, batch, args.max_new_tokens, args.prompt_length, args.repeats)
-        )
-        print(json.dumps(records[-1]), flush=True)
+    for dtype in args.dtype:
+        decoding_pair = in_dtype(pair, dtype)
+        for batch in args.batch:
+            print(f"measuring {dtype} gamma={args.gamma} batch={batch} ...", file=sys.stderr)
+            records.append(
+                measure(
+                    decoding_pair,
+                    args.gamma,
+                    batch,
+                    args.max_new_tokens,
+                    args.prompt_length,
+                    args.repeats,
+                )  # fmt: skip
+            )
+            print(json.dumps(records[-1]), flush=True)
     return emit(records, args.json, echo=False)
 
 

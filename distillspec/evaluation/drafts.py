@@ -11,7 +11,13 @@ the plain target decoder and with the speculative decoder and returns one flat r
                with the record's temperature (T = 0: one-hot argmax, so TVD = [argmaxes differ])
   tau_theory = (1 - a^(gamma+1)) / (1 - a) with a = 1 - mean_tvd  (DistillSpec Fig. 3c)
   speedup    = (spec tokens / spec time) / (plain tokens / plain time), timed in this process,
-               compilation excluded, plain and speculative calls interleaved batch by batch.
+               compilation excluded, plain and speculative calls interleaved batch by batch:
+               the batch *throughput* speed-up at the prompt batches' size.
+  latency_ms, target_latency_ms: ms per generated token of speculative and plain decoding at
+               batch 1 over the first `latency_prompts` valid prompts, one prompt at a time,
+               interleaved prompt by prompt, compilation excluded (None with latency_prompts 0)
+  latency_speedup = target_latency_ms / latency_ms: the batch-1 *latency* speed-up, the figure
+               DistillSpec and DISCO report
 
 Records go to `records.jsonl` (`distillspec.records.append_records`); `distillspec.tables`
 formats them without JAX.
@@ -22,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -33,8 +38,8 @@ import numpy as np
 
 from distillspec import checks, datagen, losses
 from distillspec.decoding import DecodeResult, generate, shared_vocab_size, speculative_generate
-from distillspec.evaluation.timing import interleaved
-from distillspec.feature_converters import decodable, valid_rows
+from distillspec.evaluation.timing import interleaved_items
+from distillspec.feature_converters import decodable, single_prompts, valid_rows
 from distillspec.sampling import SamplingConfig, logits_to_probs
 
 RECORD_KEYS = (
@@ -47,6 +52,10 @@ RECORD_KEYS = (
     "tau_ci95",
     "tau_theory",
     "speedup",
+    "latency_speedup",
+    "latency_ms",
+    "target_latency_ms",
+    "latency_prompts",
     "num_prompts",
     "task",
     "split",
@@ -66,6 +75,7 @@ class GridConfig:
     max_new_tokens: int = 64  # Tokens generated per prompt at most.
     timing_repeats: int = 1  # Interleaved (plain, spec) pairs timed per batch; medians summed.
     seed: int = 0  # Batch i samples with fold_in(PRNGKey(seed), i), plain and spec alike.
+    latency_prompts: int | None = None  # Prompts timed at batch 1; None = all, 0 = none.
 
     def __post_init__(self):
         object.__setattr__(self, "gammas", tuple(checks.check_int_list("gammas", self.gammas)))
@@ -78,6 +88,8 @@ class GridConfig:
         checks.check_int("max_new_tokens", self.max_new_tokens)
         checks.check_int("timing_repeats", self.timing_repeats)
         checks.check_int("seed", self.seed, minimum=0)
+        if self.latency_prompts is not None:
+            checks.check_int("latency_prompts", self.latency_prompts, minimum=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,31 +210,47 @@ def check_prompts(prompts: Sequence[Mapping[str, np.ndarray]]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _batch_shape(item: tuple) -> tuple[int, ...]:
+    """The compiled shape of an (index, prompt batch) item: its prompt tokens' [B, P]."""
+    return np.shape(item[1]["prompt_tokens"])
+
+
 def _measure(plain_fn, spec_fn, batches, timing_repeats: int):
     """Runs both decoders on every batch: warm-up per distinct shape (not timed), then
     timing_repeats interleaved (plain, spec) pairs per batch; per-batch median times.
 
     Returns (plain results, spec results, plain seconds, spec seconds).
     """
-    compiled: set[tuple[int, ...]] = set()
-    plain_results, spec_results, plain_time, spec_time = [], [], 0.0, 0.0
-    for i, batch in enumerate(batches):
-        shape = np.shape(batch["prompt_tokens"])
-        if shape not in compiled:  # Compilation is excluded from the timings.
-            plain_fn(i, batch), spec_fn(i, batch)
-            compiled.add(shape)
-        results, seconds = interleaved(
-            {
-                "plain": functools.partial(plain_fn, i, batch),
-                "spec": functools.partial(spec_fn, i, batch),
-            },
-            timing_repeats,
+    results, seconds = interleaved_items(
+        {"plain": plain_fn, "spec": spec_fn}, list(enumerate(batches)), timing_repeats,
+        _batch_shape,
+    )  # fmt: skip
+    return results["plain"], results["spec"], seconds["plain"], seconds["spec"]
+
+
+def latency_batches(batches, latency_prompts: int | None) -> list[dict[str, np.ndarray]]:
+    """The first `latency_prompts` valid rows of prompt batches (None = all) as batch-1
+    prompt batches ('prompt_tokens' [1, P], 'prompt_lengths' [1]) for `_measure`."""
+    singles = single_prompts(batches)[:latency_prompts]
+    return [{"prompt_tokens": tokens, "prompt_lengths": lengths} for tokens, lengths in singles]
+
+
+def _latency_fields(plain_fn, spec_fn, singles, timing_repeats: int) -> dict[str, Any]:
+    """latency_ms, target_latency_ms (ms per generated token at batch 1), latency_speedup and
+    latency_prompts, from batch-1 runs interleaved prompt by prompt (all None without prompts)."""
+    if not singles:
+        return dict(
+            latency_speedup=None, latency_ms=None, target_latency_ms=None, latency_prompts=0
         )
-        plain_results.append(results["plain"][-1])
-        spec_results.append(results["spec"][-1])
-        plain_time += statistics.median(seconds["plain"])
-        spec_time += statistics.median(seconds["spec"])
-    return plain_results, spec_results, plain_time, spec_time
+    plain, spec, t_plain, t_spec = _measure(plain_fn, spec_fn, singles, timing_repeats)
+    count = lambda results: max(sum(int(np.sum(r.lengths)) for r in results), 1)
+    latency, target_latency = 1e3 * t_spec / count(spec), 1e3 * t_plain / count(plain)
+    return {
+        "latency_speedup": target_latency / max(latency, 1e-12),
+        "latency_ms": latency,
+        "target_latency_ms": target_latency,
+        "latency_prompts": len(singles),
+    }
 
 
 def _plain_call(target, params, base_rng, sampling, kwargs, index: int, batch) -> DecodeResult:
@@ -316,7 +344,8 @@ def evaluate_drafts(
       prompts: prompt batches as yielded by `feature_converters.prompt_batches` ('prompt_tokens'
         [B, P], 'prompt_lengths' [B], optional 'valid' [B]; rows with valid=False are decoded
         for shape's sake but not counted).
-      grid: gammas, temperatures, max_new_tokens, timing and the sampling seed.
+      grid: gammas, temperatures, max_new_tokens, timing, the sampling seed and how many
+        prompts are also timed one at a time (batch-1 latency).
       eos_id: a row stops after this id; None = always max_new_tokens.
       task, split: context copied into the records.
       vocab_size: shared tokenizer size when the embeddings are padded differently.
@@ -330,6 +359,7 @@ def evaluate_drafts(
     batches = [decodable(b) for b in prompts if valid_rows(b).any()]
     base_rng = jax.random.PRNGKey(grid.seed)
     common = dict(max_new_tokens=grid.max_new_tokens, eos_id=eos_id, vocab_size=vocab_size)
+    singles = latency_batches(batches, grid.latency_prompts)
     records, tvd_cache = [], {}
     total = len(drafts) * len(grid.gammas) * len(grid.temperatures)
     for temperature in grid.temperatures:
@@ -352,6 +382,7 @@ def evaluate_drafts(
                 record = _record(
                     plain, spec, t_plain, t_spec, batches, tvd_cache[name, temperature], gamma
                 )
+                record.update(_latency_fields(plain_fn, spec_fn, singles, grid.timing_repeats))
                 record = {"draft": name, "gamma": gamma, "temperature": temperature, **record}
                 record.update(task=task, split=split, max_new_tokens=grid.max_new_tokens)
                 record = {key: record[key] for key in RECORD_KEYS}  # Fixed key order.
@@ -364,7 +395,12 @@ def _report_progress(record: Mapping[str, Any], done: int, total: int) -> None:
     print(
         f"[evaluate {done}/{total}] draft={record['draft']} gamma={record['gamma']} "
         f"T={record['temperature']:g}: alpha={record['alpha']:.3f} tau={record['tau']:.3f} "
-        f"tau_theory={record['tau_theory']:.3f} speedup={record['speedup']:.2f}x",
+        f"tau_theory={record['tau_theory']:.3f} speedup={record['speedup']:.2f}x"
+        + (
+            ""
+            if record["latency_speedup"] is None
+            else f" latency_speedup(batch 1)={record['latency_speedup']:.2f}x"
+        ),
         file=sys.stderr,
         flush=True,
     )

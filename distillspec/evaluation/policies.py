@@ -12,18 +12,20 @@ to the target's). The tuned policies take a draft's saved DISCO tuning as plain 
 from __future__ import annotations
 
 import functools
-import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from distillspec import lookahead as sl
 from distillspec.decoding import DecodeResult, generate, speculative_generate
 from distillspec.evaluation.drafts import mean_tvd
-from distillspec.evaluation.timing import interleaved, measure_call_costs, modeled_latency_ms
+from distillspec.evaluation.timing import (
+    interleaved_items,
+    measure_call_costs,
+    modeled_latency_ms,
+)
 from distillspec.feature_converters import single_prompts
 from distillspec.lookahead import Lookahead
 from distillspec.records import POLICY_NAMES, TARGET_POLICY, TUNED_POLICIES, append_records
@@ -53,6 +55,11 @@ POLICY_RECORD_KEYS = (
     "target_calls",
     "draft_calls",
 )
+
+
+def _prompt_shape(item: tuple) -> tuple[int, ...]:
+    """The compiled shape of a (prompt, reference) item: its prompt tokens' [1, P]."""
+    return np.shape(item[0][0])
 
 
 def _counter_sum(results: Sequence[DecodeResult], field: str) -> int:
@@ -158,18 +165,9 @@ def measure_policies(
     mean_tvd(  # Stops on non-finite logits of either model before anything is timed.
         target, target_params, draft, draft_params, [first], references[:1], greedy, vocab_size
     )
-    for fn in fns.values():
-        fn(prompts[0], references[0])
-    seconds = dict.fromkeys(fns, 0.0)
-    results: dict[str, list[DecodeResult]] = {name: [] for name in fns}
-    for prompt, reference in tqdm(
-        list(zip(prompts, references)), desc=desc, unit="prompt", file=sys.stderr, leave=False
-    ):
-        calls = {name: functools.partial(fn, prompt, reference) for name, fn in fns.items()}
-        runs, times = interleaved(calls, timing_repeats)
-        for name in fns:
-            seconds[name] += statistics.median(times[name])
-            results[name].append(runs[name][-1])
+    results, seconds = interleaved_items(
+        fns, list(zip(prompts, references)), timing_repeats, _prompt_shape, desc=desc
+    )
     target_latency = 1000.0 * seconds[TARGET_POLICY] / max(_counter_sum(references, "lengths"), 1)
     return {
         name: _policy_fields(

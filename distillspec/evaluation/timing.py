@@ -5,6 +5,8 @@ so that a slower stretch of a shared machine hits them alike, compilation is exc
 are on the host before the clock is read (the decoders return host arrays), and medians count.
 
   interleaved         runs {name: fn} in turn `repeats` times; per-name results and seconds.
+  interleaved_items   the same over a list of inputs (prompt batches, batch-1 prompts): one
+                      untimed warm-up per compiled shape, then per-input medians, summed.
   step_timer          seconds per model call inside a jitted loop (prefill and dispatch cancel).
   measure_call_costs  ms per target call by width, per draft call, and the loop's own work.
   modeled_latency_ms  ms per token of a decoding run from its counted calls and those costs.
@@ -12,14 +14,17 @@ are on the host before the clock is read (the decoders return host arrays), and 
 
 from __future__ import annotations
 
+import functools
 import statistics
+import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 from distillspec import lookahead as sl
 from distillspec.decoding import generate
@@ -48,6 +53,47 @@ def interleaved(
             result, t = timed(fn)
             results[name].append(result)
             seconds[name].append(t)
+    return results, seconds
+
+
+def interleaved_items(
+    fns: Mapping[str, Callable[..., Any]],
+    items: Sequence[tuple],
+    repeats: int,
+    shape_of: Callable[[tuple], Hashable],
+    desc: str | None = None,
+) -> tuple[dict[str, list[Any]], dict[str, float]]:
+    """Times every fn on every input, interleaved input by input, compilation excluded.
+
+    For each item, the first time its compiled shape (`shape_of(item)`) occurs every fn runs
+    once untimed (the warm-up compiles it); then `interleaved` runs the fns on it `repeats`
+    times in turn.
+
+    Args:
+      fns: {name: fn}; each is called as fn(*item) and must return host data.
+      items: the inputs, e.g. (index, prompt batch) or (prompt, reference) tuples.
+      shape_of: the key of an item's compiled program (e.g. its prompt shape).
+      desc: with it, a progress bar of that name on stderr.
+
+    Returns:
+      ({name: [result of the last repeat per item]}, {name: sum over items of the median
+      seconds}).
+    """
+    compiled: set[Hashable] = set()
+    results: dict[str, list[Any]] = {name: [] for name in fns}
+    seconds = dict.fromkeys(fns, 0.0)
+    if desc is not None:
+        items = tqdm(list(items), desc=desc, unit="prompt", file=sys.stderr, leave=False)
+    for item in items:
+        if shape_of(item) not in compiled:  # Compilation is excluded from the timings.
+            for fn in fns.values():
+                fn(*item)
+            compiled.add(shape_of(item))
+        calls = {name: functools.partial(fn, *item) for name, fn in fns.items()}
+        runs, times = interleaved(calls, repeats)
+        for name in fns:
+            results[name].append(runs[name][-1])
+            seconds[name] += statistics.median(times[name])
     return results, seconds
 
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 Params = Any
 Cache = Any
@@ -147,3 +148,43 @@ class TruncatedVocabulary:
 
     def logical_axes(self):
         return self.model.logical_axes()
+
+
+# Decoding dtypes: parameters and activations in this dtype; logits stay float32.
+DECODE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def check_decode_dtype(dtype: Any) -> str:
+    """dtype if it is a decoding dtype name; ValueError naming it and the valid ones otherwise."""
+    if dtype not in DECODE_DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DECODE_DTYPES)}, got {dtype!r}")
+    return dtype
+
+
+def cast_params(params: Params, dtype: str) -> Params:
+    """params with every floating-point leaf in dtype (integer leaves untouched)."""
+    target = DECODE_DTYPES[check_decode_dtype(dtype)]
+
+    def cast(x):
+        return x.astype(target) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) else x
+
+    return jax.tree.map(cast, params)
+
+
+def for_decoding(model: Any, params: Params, dtype: str) -> tuple[Any, Params]:
+    """(model, params) that decode in `dtype` ('float32' or 'bfloat16'): the model computes its
+    activations and KV cache in dtype (its config's compute dtype) and its parameters are stored
+    in dtype (half the weight traffic in bfloat16); logits are float32 whatever the dtype, and
+    the decoders sample and accept in float32.
+
+    Decoding-only: training keeps float32 master parameters. A model without a config dtype
+    (e.g. a stub) is returned as it is, with its params cast.
+    """
+    check_decode_dtype(dtype)
+    if isinstance(model, TruncatedVocabulary):
+        inner, params = for_decoding(model.model, params, dtype)
+        return TruncatedVocabulary(inner, model.vocab_size), params
+    config = getattr(model, "config", None)
+    if dataclasses.is_dataclass(config) and hasattr(config, "dtype") and config.dtype != dtype:
+        model = type(model)(dataclasses.replace(config, dtype=dtype))
+    return model, cast_params(params, dtype)

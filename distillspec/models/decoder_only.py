@@ -101,7 +101,10 @@ class _Block(nn.Module):
             rope_theta=cfg.rope_theta if cfg.position_embedding == "rope" else None,
             kernel_init=init, name="attn",
         )  # fmt: skip
-        h, cache = attention.self_attention(norm(name="attn_norm")(x), mask, positions, cache)
+        if cache:  # The stack writes this call's entries into the cache after the scan.
+            h, cache = attention.cached_self_attention(norm(name="attn_norm")(x), positions, cache)
+        else:
+            h, cache = attention.self_attention(norm(name="attn_norm")(x), mask, positions, cache)
         x = x + h
         mlp = layers.Mlp(
             cfg.mlp_dim, cfg.embed_dim, cfg.activation, cfg.gated_mlp, cfg.mlp_bias, dtype,
@@ -152,7 +155,10 @@ class DecoderOnlyTransformer(nn.Module):
         x = self.embed(tokens)
         if self.config.position_embedding == "learned":
             x = x + self.pos_embed(positions)
-        x, cache = self.layers(x, mask, positions, cache)
+        x, entries = self.layers(x, mask, positions, cache)
+        if cache:  # One in-place write per call, [L, B, T, Hkv, D] at each row's start.
+            write = jax.vmap(layers.write_rows, in_axes=(0, 0, None))
+            cache = {name: write(cache[name], entries[name], starts) for name in ("k", "v")}
         x = self.final_norm(x)
         logits = self.embed.attend(x) if self.config.tie_embeddings else self.lm_head(x)
         return logits.astype(jnp.float32), cache

@@ -254,6 +254,46 @@ def attend(
     return out.reshape(b, t, h, d).astype(q.dtype)
 
 
+def attend_cached(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    starts: jax.Array,
+    scale_logits: bool = True,
+) -> jax.Array:
+    """`attend` over a cache's slots < starts[b] plus, causally, T new keys/values, without
+    writing the new ones into the cache: one softmax over both parts (float32).
+
+    Args:
+      q: [B, T, H, D] queries at positions starts[b] .. starts[b] + T - 1.
+      k_cache, v_cache: [B, S, Hkv, D]; slots >= starts[b] are ignored.
+      k_new, v_new: [B, T, Hkv, D] this call's keys and values.
+      starts: [B] int.
+
+    Returns:
+      [B, T, H, D] in q's dtype.
+    """
+    b, t, h, d = q.shape
+    s, hkv = k_cache.shape[1], k_cache.shape[2]
+    q = q.reshape(b, t, hkv, h // hkv, d)
+    f32 = jnp.float32
+    old = jnp.einsum("btkgd,bskd->bkgts", q, k_cache, preferred_element_type=f32)
+    new = jnp.einsum("btkgd,bskd->bkgts", q, k_new, preferred_element_type=f32)
+    if scale_logits:
+        old, new = old * (d**-0.5), new * (d**-0.5)
+    old = jnp.where((jnp.arange(s) < starts[:, None])[:, None, None, None, :], old, NEG_INF)
+    new = jnp.where(jnp.tril(jnp.ones((t, t), bool)), new, NEG_INF)
+    top = jnp.maximum(old.max(-1, keepdims=True), new.max(-1, keepdims=True))
+    p_old, p_new = jnp.exp(old - top), jnp.exp(new - top)
+    total = p_old.sum(-1, keepdims=True) + p_new.sum(-1, keepdims=True)
+    p_old, p_new = (p_old / total).astype(v_cache.dtype), (p_new / total).astype(v_new.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", p_old, v_cache, preferred_element_type=f32)
+    out = out + jnp.einsum("bkgts,bskd->btkgd", p_new, v_new, preferred_element_type=f32)
+    return out.reshape(b, t, h, d).astype(q.dtype)
+
+
 class Attention(nn.Module):
     """Projections plus attention: self-attention (optionally through a cache) or cross-attention.
 
@@ -324,6 +364,32 @@ class Attention(nn.Module):
             cache = {"k": k, "v": v}
         out = attend(q, k, v, mask, bias, self.scale_logits)
         return self.o(out), cache
+
+    def cached_self_attention(
+        self, x: jax.Array, positions: jax.Array, cache: dict[str, jax.Array]
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Self-attention of x through a cache that it reads but does not write.
+
+        The queries attend to the cache's slots before each row's first position and, causally,
+        to this call's own keys/values; the caller writes the returned entries into the cache
+        (`write_rows`), once for all layers. Same result as `self_attention` with a cache, but
+        a scanned layer stack then neither rebuilds nor copies the whole cache per call.
+
+        Args:
+          x: [B, T, E] inputs at positions `positions` (consecutive per row).
+          positions: [B, T] int positions.
+          cache: {'k', 'v'} [B, S, Hkv, D], valid below positions[:, 0].
+
+        Returns:
+          ([B, T, E] output, {'k', 'v'} [B, T, Hkv, D] this call's entries).
+        """
+        q = self.q(x)
+        k, v = self.project_kv(x)
+        if self.rope_theta is not None:
+            q = apply_rope(q, positions, self.rope_theta)
+            k = apply_rope(k, positions, self.rope_theta)
+        out = attend_cached(q, cache["k"], cache["v"], k, v, positions[:, 0], self.scale_logits)
+        return self.o(out), {"k": k.astype(cache["k"].dtype), "v": v.astype(cache["v"].dtype)}
 
     def cross_attention(
         self, x: jax.Array, mask: jax.Array, kv: tuple[jax.Array, jax.Array]

@@ -17,6 +17,7 @@ from distillspec.disco import storage
 from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
 from distillspec.evaluation.policies import evaluate_policies, resolve_policies
 from distillspec.evaluation.quality import quality_records
+from distillspec.models.base import check_decode_dtype, for_decoding
 from distillspec.records import RECORDS_FILE, TUNED_POLICIES, append_records, write_jsonl_atomic
 from distillspec.runs.common import open_run, prompt_sets
 
@@ -50,6 +51,8 @@ def evaluate(
     temperatures: Sequence[float] = (0.0, 1.0),
     timing_repeats: int = 1,
     seed: int = 0,
+    latency_prompts: int | None = None,
+    dtype: str = "float32",
     vocabulary: str | None = None,
     vocab_size: int | None = None,
     tfds_data_dir: str | None = None,
@@ -65,14 +68,19 @@ def evaluate(
     eval_sets are (task, split) pairs; a task is a built-in name, a path to a .jsonl / .txt
     file or directory (`tasks.FileTask`) or a `tasks.TfdsTaskSpec`. vocabulary: the tokenizer
     (`vocabularies.load_tokenizer`; None = the target checkpoint's tokenizer files, else the
-    embedded 'sentencepiece'). vocab_size: the tokenizer's size when target and drafts pad
+    embedded 'sentencepiece'). dtype: 'float32' or 'bfloat16', the decoders' parameters and
+    activations for every decoding and TVD (logits, sampling and acceptance stay float32; see
+    `models.base.for_decoding`). vocab_size: the tokenizer's size when target and drafts pad
     their embeddings to different sizes (both models' logits are cut to it).
 
     Appends one record per (eval set, draft, gamma, temperature) to OUTPUT_DIR/records.jsonl
-    (none if gammas is empty), and with `policies` one record per (eval set, draft, policy):
-    the lookahead policy axis, timed at batch 1 (see `evaluation.policies`; the tuned policies
-    read `<draft>/disco/`, written by python -m distillspec.disco). Then writes table.md,
-    table.csv, tau_vs_gamma.png (and disco_table.md, oracle_sl_hist.png) and prints the tables.
+    (none if gammas is empty): 'speedup' is the throughput speed-up on batches of batch_size,
+    'latency_speedup' the latency speed-up at batch 1 over the first latency_prompts prompts
+    of the set (None = all num_prompts, 0 = not measured). With `policies`, one record per
+    (eval set, draft, policy): the lookahead policy axis, timed at batch 1 (see
+    `evaluation.policies`; the tuned policies read `<draft>/disco/`, written by
+    python -m distillspec.disco). Then writes table.md, table.csv, tau_vs_gamma.png (and
+    disco_table.md, oracle_sl_hist.png) and prints the tables.
 
     With `quality`, also each model's quality as a model, per eval set (`evaluation.quality`:
     NLL of the reference completions, distinct-4 and share of looping greedy outputs) in
@@ -80,13 +88,14 @@ def evaluate(
     """
     if not gammas and not policies:
         raise ValueError("nothing to evaluate: gammas and policies are both empty")
-    # Bad grid values and policy names fail before anything is loaded.
+    # Bad grid values, dtypes and policy names fail before anything is loaded.
+    check_decode_dtype(dtype)
     grid = None
     if gammas:
         grid = GridConfig(
             gammas=tuple(gammas), temperatures=tuple(temperatures),
             max_new_tokens=task_feature_lengths["targets"], timing_repeats=timing_repeats,
-            seed=seed,
+            seed=seed, latency_prompts=latency_prompts,
         )  # fmt: skip
     resolve_policies(
         [p for p in policies if p not in TUNED_POLICIES], heuristic_sl_max=heuristic_sl_max,
@@ -96,6 +105,8 @@ def evaluate(
         "evaluate", output_dir, target_checkpoint, drafts, vocabulary, eval_sets, vocab_size,
         tfds_data_dir,
     )  # fmt: skip
+    target, target_params = for_decoding(target, target_params, dtype)
+    models = {name: for_decoding(*pair, dtype) for name, pair in models.items()}
     records_path = os.path.join(output_dir, RECORDS_FILE)
     sets = prompt_sets(names, task_feature_lengths, num_prompts, batch_size, tokenizer.prompt_bos)
     records = []
