@@ -59,7 +59,9 @@ def test_repeating_outputs_are_detected_and_stopped_ones_are_not():
     loop = np.array([7, 3] + [11, 12, 13] * 10)  # 32 tokens ending in a period-3 run.
     varied = np.random.default_rng(0).permutation(np.arange(1, 33))
     assert quality.is_repeating(loop) and not quality.is_repeating(varied)
-    assert not quality.is_repeating(loop[:20])  # Too short for a 24-token run.
+    assert not quality.is_repeating(loop[:20])  # Shorter than the 32-token window.
+    variants = np.array([4, 5, 6, 9, 4, 5, 7, 9, 4, 6, 5, 9] * 3)  # A loop of variants.
+    assert quality.is_repeating(variants)
     eos = 13  # The loop's last token is EOS: the output stopped, it is not stuck.
     tokens = np.stack([loop, varied])
     assert quality.repeating_share(tokens, np.array([32, 32]), eos_id=None) == 0.5

@@ -4,8 +4,9 @@
                      teacher-forced after their prompts, as in training (`datagen.pack_for`)
   distinct_ngrams    distinct n-grams / all n-grams over a set of outputs (pooled distinct-n,
                      Li et al. 2016): near 0 for an output that repeats one loop
-  repeating_share    share of outputs that never stop and end in a short periodic run, the
-                     degenerate `x.call(____...` output of an under-trained target
+  repeating_share    share of outputs that never stop and end in a loop (at most half of the
+                     4-grams of their last 32 tokens distinct), the degenerate
+                     `x.call(____...` output of an under-trained target
 
 A degenerate target makes every speculative-decoding figure machine-dependent (greedy
 acceptance then depends on which loop bit-level rounding sends it into), so the quickstart
@@ -73,25 +74,21 @@ def distinct_ngrams(tokens: np.ndarray, lengths: np.ndarray, n: int = 4) -> floa
     return len(set(grams)) / len(grams) if grams else float("nan")
 
 
-def is_repeating(row: np.ndarray, min_run: int = 24, max_period: int = 16) -> bool:
-    """True if the last `min_run` tokens of `row` repeat with some period <= max_period."""
-    row = np.asarray(row)
-    return any(
-        len(row) >= min_run + p and np.array_equal(row[-min_run:], row[-min_run - p : -p])
-        for p in range(1, max_period + 1)
-    )
+def is_repeating(row: np.ndarray, window: int = 32, n: int = 4) -> bool:
+    """True if at most half of the n-grams of the last `window` tokens of `row` are distinct:
+    the row ends in a loop (exact, like `____...`, or of variants, like `if self.\n if = self.`)."""
+    tail = np.asarray(row)[-window:]
+    if len(tail) < window:
+        return False
+    grams = {tuple(tail[i : i + n]) for i in range(window - n + 1)}
+    return len(grams) <= (window - n + 1) / 2
 
 
-def repeating_share(
-    tokens: np.ndarray, lengths: np.ndarray, eos_id: int | None, min_run: int = 24
-) -> float:
-    """Share of outputs [B, N] that run to the length limit without EOS and end in a periodic
-    run of `min_run` tokens (period <= 16): outputs stuck in a loop."""
+def repeating_share(tokens: np.ndarray, lengths: np.ndarray, eos_id: int | None) -> float:
+    """Share of outputs [B, N] that run to the length limit without EOS and end in a loop
+    (`is_repeating`): outputs stuck in a repeated run."""
     rows = _rows(tokens, lengths)
-    stuck = [
-        (eos_id is None or len(r) == 0 or r[-1] != eos_id) and is_repeating(r, min_run)
-        for r in rows
-    ]
+    stuck = [(eos_id is None or len(r) == 0 or r[-1] != eos_id) and is_repeating(r) for r in rows]
     return float(np.mean(stuck)) if stuck else float("nan")
 
 
