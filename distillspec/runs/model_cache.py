@@ -35,8 +35,9 @@ _NOT_TRAINING = ("evaluation", "disco", "benchmarks", "tables.py")
 _NOT_CONFIG = ("model_dir", "console", "config_text")
 
 
-def models_dir() -> pathlib.Path:
-    return default_cache_dir() / "models"
+def models_dir(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
+    """`cache_dir`, else `<cache>/models`."""
+    return pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir() / "models"
 
 
 def _describe(value: Any) -> str:
@@ -74,10 +75,12 @@ def fingerprint(bindings: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def cached_stage(name: str, key: str, train: Callable[..., Any]) -> str:
-    """The model directory of stage `name` with cache key `key`, trained now (or resumed) by
-    `train(model_dir=...)` unless a complete entry exists."""
-    model_dir = models_dir() / f"{name}-{key}"
+def cached_stage(
+    name: str, key: str, train: Callable[..., Any], cache_dir: str | os.PathLike | None = None
+) -> str:
+    """The model directory of stage `name` with cache key `key` in `models_dir(cache_dir)`,
+    trained now (or resumed) by `train(model_dir=...)` unless a complete entry exists."""
+    model_dir = models_dir(cache_dir) / f"{name}-{key}"
     marker = model_dir / MARKER
     if marker.exists():
         print(f"[cache] {name}: reusing {model_dir}", flush=True)

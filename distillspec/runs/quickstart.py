@@ -32,6 +32,7 @@ PRETRAINED = ("target", "draft")  # The stages the cache serves.
 def quickstart(
     output_dir: str = "runs/quickstart",
     cache_models: bool = True,
+    model_cache_dir: str | None = None,
     *,
     stage: StageFn,
     bindings: BindingsFn | None = None,
@@ -42,6 +43,8 @@ def quickstart(
       output_dir: where the run's models, records and tables go.
       cache_models: pretrain the target and the standard draft into the model cache (or reuse
         them from it) and link them from output_dir; False trains them inside output_dir.
+      model_cache_dir: the model cache (None: $DISTILLSPEC_CACHE/models, else
+        ~/.cache/distillspec/models).
       stage: the stages' run functions (see StageFn).
       bindings: the stages' arguments, which key the cache (needed when cache_models).
 
@@ -58,7 +61,8 @@ def quickstart(
         if bindings is None:
             raise ValueError("cache_models needs the stages' bindings to key the cache")
         key = model_cache.fingerprint(bindings(name, "train"))
-        model_cache.link(model_cache.cached_stage(name, key, train), path(name))
+        cached = model_cache.cached_stage(name, key, train, model_cache_dir)
+        model_cache.link(cached, path(name))
     stage("distill", "train")(
         model_dir=path("distilled"),
         teacher_checkpoint=export("target"),
