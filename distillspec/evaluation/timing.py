@@ -8,6 +8,9 @@ are on the host before the clock is read (the decoders return host arrays), and 
   interleaved_items   the same over a list of inputs (prompt batches, batch-1 prompts): one
                       untimed warm-up per compiled shape, then per-input medians, summed.
   step_timer          seconds per model call inside a jitted loop (prefill and dispatch cancel).
+  round_timer         seconds per speculative round's model calls (gamma draft steps, then the
+                      target scoring gamma + 1 positions) inside a jitted loop alternating them,
+                      so the draft runs with the target's weights passing through the caches.
   measure_call_costs  ms per target call by width, per draft call, and the loop's own work.
   modeled_latency_ms  ms per token of a decoding run from its counted calls and those costs.
 """
@@ -120,17 +123,64 @@ def step_timer(model, params, prompts, lengths, tokens_per_call: int, calls: int
 
         return jax.lax.fori_loop(0, num_calls, body, (cache, jnp.zeros((batch,))))[1]
 
+    return _per_call_timer(lambda n: run(params, prompts, lengths, n), calls)
+
+
+def _per_call_timer(run: Callable[[int], jax.Array], calls: int) -> Callable[[], float]:
+    """A zero-argument timer of seconds per call of run(n), a jitted loop of n calls: the
+    difference of a long and a short loop, so prefill and dispatch cancel out. Compiles first."""
+
     def seconds_per_call() -> float:
-        # Difference of a long and a short loop: prefill and dispatch cancel out.
         times = []
         for n in (calls, 1):
             start = time.perf_counter()
-            run(params, prompts, lengths, n).block_until_ready()
+            run(n).block_until_ready()
             times.append(time.perf_counter() - start)
         return (times[0] - times[1]) / (calls - 1)
 
     seconds_per_call()  # Compiles.
     return seconds_per_call
+
+
+def round_timer(target, target_params, draft, draft_params, prompts, lengths, gamma: int,
+                rounds: int):  # fmt: skip
+    """A jitted loop of `rounds` speculative rounds' model calls, as `decoding._round` makes them
+    at a static gamma: the draft scores 2 positions, then 1 for gamma - 1 steps, each fed the
+    previous step's argmax; then the target scores the last token and the gamma drafts. Returns
+    a zero-argument timer giving seconds per round (compiled before it is returned).
+
+    Subtracting a `step_timer` of the target at width gamma + 1 leaves the draft's cost in the
+    loop's context: its weights reloaded after every target call, not kept cache-hot by a loop
+    of draft calls alone.
+    """
+    batch, prompt_len = prompts.shape
+    cache_length = prompt_len + (gamma + 1) * rounds + 1
+    argmax = lambda logits: jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)[:, None]
+
+    @jax.jit
+    def run(target_params, draft_params, prompts, lengths, num_rounds):
+        target_cache, _, position = target.prefill(target_params, prompts, lengths, cache_length)
+        draft_cache, _, _ = draft.prefill(draft_params, prompts, lengths, cache_length)
+
+        def body(i, carry):
+            target_cache, draft_cache, last = carry
+            start = position + i * (gamma + 1)
+            fed = jnp.concatenate([last, last], axis=1)  # The round's first call scores 2.
+            logits, draft_cache = draft.extend(
+                draft_params, draft_cache, fed, jnp.maximum(start - 1, 0)
+            )
+            drafts = [argmax(logits)]
+            for k in range(1, gamma):
+                logits, draft_cache = draft.extend(draft_params, draft_cache, drafts[-1], start + k)
+                drafts.append(argmax(logits))
+            block = jnp.concatenate([last, *drafts], axis=1)
+            logits, target_cache = target.extend(target_params, target_cache, block, start)
+            return target_cache, draft_cache, argmax(logits)
+
+        first = jnp.ones((batch, 1), jnp.int32)
+        return jax.lax.fori_loop(0, num_rounds, body, (target_cache, draft_cache, first))[2]
+
+    return _per_call_timer(lambda n: run(target_params, draft_params, prompts, lengths, n), rounds)
 
 
 def measure_call_costs(
