@@ -1,12 +1,24 @@
 """The speculative benchmark's measurement on a tiny pair (the reference pair is too big for
-tests) and its --dtype option."""
+tests), its cost model from fake interleaved timings, and its --dtype option."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from distillspec.benchmarks import speculative as bench
+from distillspec.decoding import DecodeResult
 from tests.test_utils import perturbed, tiny_lm
+
+NEW_KEYS = (
+    "c", "c_isolated", "r_gamma", "target_ms", "verify_ms", "draft_ms", "draft_ms_isolated",
+    "loop_ms", "speedup_ideal", "efficiency", "speedup_ideal_isolated", "efficiency_isolated",
+    "plain_latency_ms", "speculative_latency_ms", "plain_modeled_latency_ms",
+    "speculative_modeled_latency_ms", "plain_modeled_over_measured",
+    "speculative_modeled_over_measured",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -16,6 +28,70 @@ def test_measure_reports_its_dtype_and_stays_exact(dtype):
     record = bench.measure(pair, gamma=2, batch=1, max_new_tokens=8, prompt_len=4, repeats=1)
     assert record["dtype"] == dtype
     assert record["exact_greedy"] and record["speedup"] > 0
+
+
+def test_measure_reports_the_in_context_cost_model():
+    model, params = tiny_lm(32)
+    pair = (model, params, model, perturbed(params, 0.05, seed=1), "tiny")
+    record = bench.measure(pair, gamma=2, batch=2, max_new_tokens=16, prompt_len=4, repeats=3)
+    missing = [key for key in NEW_KEYS if key not in record]
+    assert not missing, missing
+    assert all(math.isfinite(record[key]) for key in NEW_KEYS)
+    for key in ("efficiency", "speedup_ideal", "plain_modeled_over_measured",
+                "speculative_modeled_over_measured", "target_ms", "verify_ms"):  # fmt: skip
+        assert record[key] > 0, (key, record[key])
+    assert record["c"] >= 0 and record["loop_ms"] >= 0
+    assert record["efficiency"] == pytest.approx(
+        record["speedup"] / record["speedup_ideal"], rel=1e-2
+    )
+    # loop_ms comes from the plain runs themselves, so plain's model reproduces them (batch 2:
+    # one call per lockstep step, not one per row).
+    if record["loop_ms"] > 0:
+        assert record["plain_modeled_over_measured"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_in_context_costs_take_the_draft_from_the_alternating_rounds():
+    gamma = 4
+    # Per repeat (s): the second repeat is a slower stretch of the machine, everything x 2.
+    seconds = {
+        "target": [1.0, 2.0, 1.0],
+        "verify": [2.0, 4.0, 2.0],
+        "round": [2.8, 5.6, 2.8],  # 4 draft steps of 0.2 s after the verify call's 2 s.
+        "draft": [0.05, 0.1, 0.05],  # Alone, cache-hot: 4x cheaper than in the round.
+        "plain": [150.0, 300.0, 140.0],  # 100 steps of 1.5 s: 0.5 s outside the target call.
+    }
+    costs = bench.in_context_costs(seconds, gamma, plain_steps=100)
+    assert costs["c"] == pytest.approx(0.2)
+    assert costs["c_isolated"] == pytest.approx(0.05)
+    assert costs["r_gamma"] == pytest.approx(2.0)
+    assert costs["draft_ms"] == pytest.approx(200.0)
+    assert costs["draft_ms_isolated"] == pytest.approx(50.0)
+    assert costs["target_ms"] == pytest.approx(1000.0)
+    assert costs["verify_ms"] == pytest.approx(2000.0)
+    assert costs["loop_ms"] == pytest.approx(500.0)
+    # A round timed faster than its verify call alone (noise) prices the draft at 0, not < 0.
+    noisy = bench.in_context_costs({**seconds, "round": [1.9] * 3}, gamma, plain_steps=100)
+    assert noisy["c"] == 0.0 and noisy["draft_ms"] == 0.0
+
+
+def _result(target_calls, draft_calls, lengths) -> DecodeResult:
+    rows = len(lengths)
+    zeros = np.zeros(rows, np.int32)
+    return DecodeResult(
+        tokens=np.zeros((rows, max(lengths)), np.int32), lengths=np.array(lengths),
+        drafted=zeros, accepted=zeros, target_calls=np.array(target_calls),
+        draft_calls=np.array(draft_calls), sl_histogram=np.zeros((rows, 1), np.int32),
+    )  # fmt: skip
+
+
+def test_modeled_latency_prices_the_busiest_row_of_a_lockstep_batch():
+    costs = {"target_ms": 1.0, "verify_ms": 2.0, "draft_ms": 0.2, "loop_ms": 0.5}
+    # Rows in lockstep: the batch runs 5 rounds (the busiest row's), each of one verify call,
+    # 4 draft calls and the loop's work, for 2 x 16 tokens.
+    spec = _result([3, 5], [12, 20], [16, 16])
+    assert bench.modeled_ms_per_token(spec, 4, costs) == pytest.approx((5 * 2.5 + 20 * 0.2) / 32)
+    plain = _result([8, 8], [0, 0], [8, 8])
+    assert bench.modeled_ms_per_token(plain, 0, costs) == pytest.approx(8 * 1.5 / 16)
 
 
 def test_bad_dtype_names_the_value_and_the_valid_ones(capsys):

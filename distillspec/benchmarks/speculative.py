@@ -2,13 +2,32 @@
 
     python -m distillspec.benchmarks.speculative --json OUT.json
 
-Measures in one process, with compilation excluded and plain/speculative runs interleaved:
+Measures in one process, with compilation excluded and the plain runs, the speculative runs and
+the call timers below interleaved (one of each per repeat), one record per (dtype, batch):
   alpha, tau          acceptance rate and tokens per target call of the speculative runs;
-  c                   draft step time / target step time (one token, cache in use);
-  r_gamma             target time to score gamma + 1 positions / to score 1;
+  c                   draft step / target step, the draft measured in the loop's context:
+                      (a jitted loop of rounds alternating gamma draft steps with the target's
+                      gamma + 1 wide scoring call, `timing.round_timer`) - (the target's scoring
+                      call alone), / gamma; the draft's weights pass through the caches between
+                      target calls as in a real round;
+  c_isolated          draft step / target step, the draft timed in a loop of draft calls alone
+                      (its weights stay cache-hot: a lower bound on c);
+  r_gamma             target time to score gamma + 1 positions / to score 1 (`timing.step_timer`;
+                      the target's weights do not fit the caches, so in context and alone agree);
   speedup             speculative tokens/s / plain target tokens/s (end to end, prompt included);
   speedup_ideal       tau / (gamma * c + r_gamma), what a zero-overhead loop would reach;
-  efficiency          speedup / speedup_ideal;
+  efficiency          speedup / speedup_ideal (eta);
+  speedup_ideal_isolated, efficiency_isolated   the same with c_isolated;
+  target_ms, verify_ms, draft_ms, draft_ms_isolated   ms per call behind c and r_gamma: target
+                      at width 1, at gamma + 1, draft in context, draft alone;
+  loop_ms             the loop's own work per step outside the model calls: plain ms per step -
+                      target_ms (>= 0), priced once per round in the modeled latencies;
+  plain_latency_ms, speculative_latency_ms              measured ms per generated token;
+  plain_modeled_latency_ms, speculative_modeled_latency_ms   `timing.modeled_latency_ms` of the
+                      run's counted calls (rows run in lockstep: the busiest row's rounds) priced
+                      at the in-context costs above (plain: equal to the measured latency, since
+                      loop_ms is derived from it, unless loop_ms is clamped at 0);
+  plain_modeled_over_measured, speculative_modeled_over_measured   modeled / measured latency;
   exact_greedy        whether every speculative greedy output equals the plain greedy output.
 Ratios are medians over the interleaved repeats; absolute times are context only. `--dtype`
 decodes in 'float32' or 'bfloat16' (parameters and activations; logits stay float32), or in
@@ -30,14 +49,22 @@ import dataclasses
 import json
 import statistics
 import sys
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from distillspec.benchmarks import emit
-from distillspec.decoding import generate, speculative_generate
-from distillspec.evaluation.timing import interleaved, megabytes, step_timer
+from distillspec.decoding import DecodeResult, generate, speculative_generate
+from distillspec.evaluation.timing import (
+    interleaved,
+    megabytes,
+    modeled_latency_ms,
+    round_timer,
+    step_timer,
+)
+from distillspec.lookahead import Lookahead
 from distillspec.models import DecoderOnlyLM, TransformerConfig
 from distillspec.models.base import DECODE_DTYPES, check_decode_dtype, for_decoding
 
@@ -84,8 +111,61 @@ def in_dtype(pair, dtype: str):
             description)  # fmt: skip
 
 
+def _median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def in_context_costs(
+    seconds: Mapping[str, Sequence[float]], gamma: int, plain_steps: int
+) -> dict[str, float]:
+    """The cost model's figures from interleaved timings, one entry per repeat in each list.
+
+    Args:
+      seconds: 'target' / 'verify' (s per target call scoring 1 / gamma + 1 positions),
+        'round' (s per round of gamma draft steps and the verify call, `timing.round_timer`),
+        'draft' (s per draft call timed alone) and 'plain' (s per plain decoding run).
+      plain_steps: loop steps of a plain run (the busiest row's target calls).
+
+    Returns:
+      c, c_isolated, r_gamma (medians of per-repeat ratios) and target_ms, verify_ms, draft_ms,
+      draft_ms_isolated (medians, ms), loop_ms (median plain ms per step - target_ms, >= 0, so
+      that the plain run's modeled latency is its measured one). The in-context draft step of a
+      repeat is (round - verify) / gamma: the round's first draft call scores 2 positions, the
+      others 1, and a static round makes exactly these calls, so both widths are priced at the
+      mean (>= 0: on a tiny pair timing noise can make a round look cheaper than its verify).
+    """
+    draft = [max(r - v, 0.0) / gamma for r, v in zip(seconds["round"], seconds["verify"])]
+    ms = lambda values: 1e3 * statistics.median(values)
+    return {
+        "c": _median_ratio(draft, seconds["target"]),
+        "c_isolated": _median_ratio(seconds["draft"], seconds["target"]),
+        "r_gamma": _median_ratio(seconds["verify"], seconds["target"]),
+        "target_ms": ms(seconds["target"]),
+        "verify_ms": ms(seconds["verify"]),
+        "draft_ms": ms(draft),
+        "draft_ms_isolated": ms(seconds["draft"]),
+        "loop_ms": max(ms(seconds["plain"]) / plain_steps - ms(seconds["target"]), 0.0),
+    }
+
+
+def modeled_ms_per_token(out: DecodeResult, gamma: int, costs: Mapping[str, float]) -> float:
+    """`timing.modeled_latency_ms` of one run (gamma 0: plain) at the `in_context_costs`.
+
+    The rows of a batch run in lockstep, so the run lasts as many rounds as its busiest row
+    makes (its target calls) and each round is one batched call of each model."""
+    steps, draft_calls = int(out.target_calls.max()), int(out.draft_calls.max())
+    model = {
+        "target": {1: costs["target_ms"], **({gamma + 1: costs["verify_ms"]} if gamma else {})},
+        "draft": {1: costs["draft_ms"], 2: costs["draft_ms"]},
+        "round": costs["loop_ms"],
+    }
+    policy = Lookahead("static", gamma) if gamma else None
+    histogram = [0] * gamma + [steps]
+    return modeled_latency_ms(policy, histogram, draft_calls, int(out.lengths.sum()), model)
+
+
 def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompt_len: int, repeats: int):
-    """One configuration: interleaved plain / speculative runs and step timers -> a record."""
+    """One configuration: interleaved plain / speculative runs and call timers -> a record."""
     target, target_params, draft, draft_params, description = pair
     rng = np.random.default_rng(batch)
     prompts = rng.integers(1, target.vocab_size, (batch, prompt_len)).astype(np.int32)
@@ -100,16 +180,27 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompt_len: int, 
         "draft": step_timer(draft, draft_params, prompts, lengths, 1, calls),
         "target": step_timer(target, target_params, prompts, lengths, 1, calls),
         "verify": step_timer(target, target_params, prompts, lengths, gamma + 1, calls),
+        "round": round_timer(
+            target, target_params, draft, draft_params, prompts, lengths, gamma, calls
+        ),
     }
     plain(), spec()  # Compiles both.
     runs, seconds = interleaved({"plain": plain, "spec": spec, **timers}, repeats)
     plain_out, spec_out = runs["plain"][-1], runs["spec"][-1]
     plain_s, spec_s = seconds["plain"], seconds["spec"]
-    ratio = lambda a, b: statistics.median(x / y for x, y in zip(a, b))
-    speedup = ratio(plain_s, spec_s)
-    c, r_gamma = ratio(runs["draft"], runs["target"]), ratio(runs["verify"], runs["target"])
-    ideal = spec_out.tau / (gamma * c + r_gamma)
+    speedup = _median_ratio(plain_s, spec_s)
+    steps = int(plain_out.target_calls.max())
+    costs = in_context_costs({**{k: runs[k] for k in timers}, "plain": plain_s}, gamma, steps)
+    ideal = lambda c: spec_out.tau / (gamma * c + costs["r_gamma"])
     tokens = batch * max_new_tokens
+    latency = {
+        name: 1e3 * statistics.median(s) / int(out.lengths.sum())
+        for name, s, out in (("plain", plain_s, plain_out), ("speculative", spec_s, spec_out))
+    }
+    modeled = {
+        "plain": modeled_ms_per_token(plain_out, 0, costs),
+        "speculative": modeled_ms_per_token(spec_out, gamma, costs),
+    }
     return {
         "gamma": gamma,
         "batch": batch,
@@ -117,11 +208,18 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompt_len: int, 
         "temperature": 0.0,
         "alpha": round(spec_out.alpha, 4),
         "tau": round(spec_out.tau, 4),
-        "c": round(c, 4),
-        "r_gamma": round(r_gamma, 4),
+        **{k: round(v, 4) for k, v in costs.items()},
         "speedup": round(speedup, 4),
-        "speedup_ideal": round(ideal, 4),
-        "efficiency": round(speedup / ideal, 4),
+        "speedup_ideal": round(ideal(costs["c"]), 4),
+        "efficiency": round(speedup / ideal(costs["c"]), 4),
+        "speedup_ideal_isolated": round(ideal(costs["c_isolated"]), 4),
+        "efficiency_isolated": round(speedup / ideal(costs["c_isolated"]), 4),
+        **{f"{name}_latency_ms": round(v, 4) for name, v in latency.items()},
+        **{f"{name}_modeled_latency_ms": round(v, 4) for name, v in modeled.items()},
+        **{
+            f"{name}_modeled_over_measured": round(modeled[name] / latency[name], 4)
+            for name in latency
+        },
         "exact_greedy": bool(np.array_equal(spec_out.tokens, plain_out.tokens)),
         "plain_tokens_per_s": round(tokens / statistics.median(plain_s), 1),
         "speculative_tokens_per_s": round(tokens / statistics.median(spec_s), 1),
