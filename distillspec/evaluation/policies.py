@@ -250,6 +250,7 @@ def evaluate_policies(
     oracle_sl_max: int = 64,
     model_costs: bool = True,
     vocab_size: int | None = None,
+    context: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """DISCO Table 1: every policy's batch-1 greedy latency, per eval set and draft.
 
@@ -259,10 +260,11 @@ def evaluate_policies(
       policies: names for `resolve_policies` (the target alone is always measured).
       records_path: records are appended here as they are made (one eval set at a time).
       model_costs: also give each record modeled_latency_ms (call costs measured per draft).
+      context: fields added to every record (e.g. {'dtype': 'bfloat16'}).
       Others as in `measure_policies` / `resolve_policies`.
 
     Returns:
-      One record per (eval set, draft, policy), keys POLICY_RECORD_KEYS.
+      One record per (eval set, draft, policy), keys POLICY_RECORD_KEYS (and context's).
     """
     records = []
     for name, (draft, draft_params, classifier, tuning) in drafts.items():
@@ -289,6 +291,7 @@ def evaluate_policies(
             new = policy_records(
                 measured, draft=name, task=task, split=split, max_new_tokens=max_new_tokens
             )
+            new = [{**r, **(context or {})} for r in new]
             if records_path:
                 append_records(records_path, new)
             records += new

@@ -123,7 +123,7 @@ def disco(
         target, target_params, models, sets, policy_list(static_sl), num_prompts=num_prompts,
         records_path=records_path, timing_repeats=timing_repeats,
         heuristic_sl_max=max(sl_max_grid), heuristic_start=heuristic_start,
-        oracle_sl_max=oracle_sl_max, **common,
+        oracle_sl_max=oracle_sl_max, context={"dtype": "float32"}, **common,
     )  # fmt: skip
     print(tables.format_report(records_path, output_dir))
     print("\nClassifier F1 on validation (DISCO Table 4):\n" + f1_table)

@@ -115,6 +115,7 @@ def evaluate(
             target, target_params, models, batches, grid, eos_id=tokenizer.eos_id, task=task,
             split=split, vocab_size=vocab_size,
         )  # fmt: skip
+        new = [dict(r, dtype=dtype) for r in new]  # A bfloat16 figure says so.
         append_records(records_path, new)
         records += new
     if policies:
@@ -124,7 +125,7 @@ def evaluate(
             num_prompts=num_prompts, max_new_tokens=task_feature_lengths["targets"],
             eos_id=tokenizer.eos_id, records_path=records_path, timing_repeats=timing_repeats,
             heuristic_sl_max=heuristic_sl_max, heuristic_start=heuristic_start,
-            oracle_sl_max=oracle_sl_max, vocab_size=vocab_size,
+            oracle_sl_max=oracle_sl_max, vocab_size=vocab_size, context={"dtype": dtype},
         )  # fmt: skip
     print(tables.format_report(records_path, output_dir))
     if quality:
