@@ -53,7 +53,12 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
     }
     for cls in (TransformerConfig, DecoderOnlyLM, T5Config, T5LM):
         gin.external_configurable(cls, module="distillspec.models")
-    for cls in (trainer.LoopConfig, trainer.LossConfig, trainer.OptimizerConfig):
+    for cls in (
+        trainer.LoopConfig,
+        trainer.LossConfig,
+        trainer.OptimizerConfig,
+        trainer.EvalConfig,
+    ):
         gin.external_configurable(cls, module="distillspec.trainer")
     gin.external_configurable(datagen.DataMixture, module="distillspec.datagen")
     gin.external_configurable(DraftSpec, module="distillspec.models")

@@ -23,6 +23,9 @@ import numpy as np
 import optax
 
 from distillspec import checkpoints, datagen, distributed, losses, metrics, partitioning
+from distillspec.decoding import speculative_generate
+from distillspec.feature_converters import decodable, valid_rows
+from distillspec.sampling import SamplingConfig
 
 DIVERGENCES = losses.KINDS + ("ce",)
 OPTIMIZERS = ("adafactor", "adamw")
@@ -255,6 +258,58 @@ class LoopConfig:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Periodic evaluation of the student as a draft during distillation (T5X's eval_period):
+    every `period` steps (and before the first step and after the last), the speculative
+    decoder runs the teacher as target and the current student as draft on `num_prompts`
+    held-out prompts of `split`, and MODEL_DIR/metrics.jsonl and TensorBoard get `eval_alpha`
+    (accepted / drafted) and `eval_tau` (tokens per target call) at that step, beside the
+    training batches' 1 - TVD proxy (`acceptance_proxy`). The decoding key is fixed
+    (PRNGKey(seed)), so successive figures differ only by the student."""
+
+    period: int = 0  # Steps between evaluations; 0 = no periodic evaluation.
+    num_prompts: int = 16  # Held-out prompts decoded per evaluation.
+    gamma: int = 5  # Drafts per round.
+    temperature: float = 1.0  # 0 = greedy.
+    split: str = "validation"  # The training task's split the prompts come from.
+    seed: int = 0  # The decoding key.
+
+    def __post_init__(self):
+        for name, minimum in (("period", 0), ("num_prompts", 1), ("gamma", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= minimum):
+                raise ValueError(
+                    f"EvalConfig.{name} must be an integer >= {minimum}, got {value!r}"
+                )
+        if not self.temperature >= 0:
+            raise ValueError(f"EvalConfig.temperature must be >= 0, got {self.temperature!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.period > 0
+
+
+def evaluate_student(models: Models, params, prompts, config: EvalConfig, eos_id, max_new_tokens):
+    """{'eval_alpha', 'eval_tau'} of the student drafting for the teacher over `prompts` (prompt
+    batches; rows with valid=False are not counted)."""
+    sums = np.zeros(4)  # accepted, drafted, generated tokens, target calls
+    for i, batch in enumerate(prompts):
+        rows = valid_rows(batch) > 0
+        batch = decodable(batch)
+        out = speculative_generate(
+            models.teacher, models.student, models.teacher_params, params,
+            batch["prompt_tokens"], batch["prompt_lengths"],
+            jax.random.fold_in(jax.random.PRNGKey(config.seed), i), gamma=config.gamma,
+            max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=config.temperature),
+            eos_id=eos_id,
+        )  # fmt: skip
+        fields = (out.accepted, out.drafted, out.lengths, out.target_calls)
+        sums += [float(np.sum(np.asarray(f)[rows])) for f in fields]
+    accepted, drafted, tokens, calls = sums
+    return {"eval_alpha": accepted / max(drafted, 1.0), "eval_tau": tokens / max(calls, 1.0)}
+
+
 class Preempted(Exception):
     """Training stopped early on a preemption request (SIGTERM), after saving a checkpoint."""
 
@@ -385,6 +440,9 @@ def fit(
     mesh: jax.sharding.Mesh | None = None,
     rules: partitioning.Rules = partitioning.DEFAULT_RULES,
     console: bool = True,
+    evaluation: EvalConfig = EvalConfig(),
+    eval_prompts=(),
+    eval_max_new_tokens: int = 64,
 ):
     """Trains the student from `params`, or resumes from MODEL_DIR's latest checkpoint.
 
@@ -393,6 +451,10 @@ def fit(
     agrees on after a SIGTERM, which then raises `Preempted`. A NaN/inf loss stops training
     before anything of that step is saved. In a multi-process run every process calls this
     with the same arguments except `data`, its own shards.
+
+    With `evaluation.enabled` (one process, one device, a teacher), the student is also
+    evaluated as a draft on `eval_prompts` (prompt batches) every `evaluation.period` steps,
+    generating up to `eval_max_new_tokens` tokens (see `EvalConfig`).
 
     Returns:
       The student's final parameters.
@@ -415,6 +477,11 @@ def fit(
     logger = _NoLogger()
     if primary:
         logger = metrics.MetricsLogger(model_dir, loop.train_steps, start, console=console)
+    evaluate = lambda: evaluate_student(
+        models, state.params, eval_prompts, evaluation, eos_id, eval_max_new_tokens
+    )
+    if evaluation.enabled and start == 0:
+        logger.log(0, evaluate())  # The starting point of the curve.
     timer, last_saved = Timer(), ckpt.latest_step()
     watcher = distributed.PreemptionWatcher(ckpt.reached_preemption)
     # try/finally: a FloatingPointError (or Ctrl-C) still flushes the logs and releases orbax.
@@ -428,6 +495,11 @@ def fit(
                 record = host_metrics(step_metrics, schedule(step), timer.lap())
                 record.update(fractions)
                 check_finite(record, step + 1, last_saved, model_dir)
+                if evaluation.enabled and (
+                    (step + 1) % evaluation.period == 0 or step + 1 == loop.train_steps
+                ):
+                    record.update(evaluate())
+                    timer.lap()  # The evaluation's time is not the next step's.
                 logger.log(step + 1, record)
                 # Asked at every step by every process: they all get the same answer.
                 stop = watcher.requested(step + 1) and step + 1 < loop.train_steps

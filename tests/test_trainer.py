@@ -584,3 +584,62 @@ def test_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, 
     step_dir = model_dir / "checkpoints" / "8" / "default"
     restored = ocp.StandardCheckpointer().restore(str(step_dir.resolve()))
     _assert_same_params(restored["params"], reference_params)
+
+
+# ------------------------------------------------------------------------------------------------
+# Periodic evaluation (EvalConfig).
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"period": -1}, r"EvalConfig\.period must be an integer >= 0"),
+        ({"num_prompts": 0}, r"EvalConfig\.num_prompts must be an integer >= 1"),
+        ({"gamma": 0}, r"EvalConfig\.gamma must be an integer >= 1"),
+        ({"temperature": -0.5}, r"EvalConfig\.temperature must be >= 0"),
+    ],
+)
+def test_eval_config_validation(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        trainer.EvalConfig(**kwargs)
+
+
+def test_periodic_evaluation_logs_alpha_and_tau_that_the_evaluator_reproduces(tmp_path):
+    """alpha and tau logged at steps 0, 4 and 8; the last ones equal the evaluation module's
+    (another batching of the same prompts) on the exported student."""
+    from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
+    from distillspec.runs.common import prompt_sets
+
+    bindings = (
+        "train.evaluation = @EvalConfig()", "EvalConfig.period = 4",
+        "EvalConfig.num_prompts = 6", "EvalConfig.temperature = 0.0", "EvalConfig.gamma = 3",
+    )  # fmt: skip
+    _train(tmp_path / "run", *bindings)
+    logged = {r["step"]: r for r in metrics.read_metrics(str(tmp_path / "run")) if "eval_tau" in r}
+    assert sorted(logged) == [0, 4, 8]
+    for r in logged.values():
+        assert 0 <= r["eval_alpha"] <= 1 and 1 <= r["eval_tau"] <= 4
+    teacher = gin_setup.configured("distillspec.models.DecoderOnlyLM", "teacher")
+    teacher_params = teacher.init(jax.random.PRNGKey(1))  # train.teacher_seed's default
+    student, student_params = from_pretrained(str(tmp_path / "run" / "export"))
+    name = tasks.register_task("stdlib_code", vocabularies.load_tokenizer("byte").vocabulary)
+    lengths = {"inputs": 16, "targets": 8}
+    batches = prompt_sets([(name, "validation")], lengths, 6, 3)[(name, "validation")]
+    grid = GridConfig(gammas=(3,), temperatures=(0.0,), max_new_tokens=8, latency_prompts=0)
+    eos = vocabularies.load_tokenizer("byte").eos_id
+    (record,) = evaluate_drafts(
+        teacher, teacher_params, {"s": (student, student_params)}, batches, grid, eos_id=eos
+    )
+    assert record["num_prompts"] == 6
+    assert logged[8]["eval_tau"] == pytest.approx(record["tau"], rel=1e-6)
+    assert logged[8]["eval_alpha"] == pytest.approx(record["alpha"], rel=1e-6)
+
+
+def test_periodic_evaluation_needs_a_teacher(tmp_path):
+    from distillspec.runs.train import train
+
+    with pytest.raises(ValueError, match="EvalConfig.period = 5 .* no teacher"):
+        train(
+            str(tmp_path / "run"), student=DecoderOnlyLM(TransformerConfig(vocab_size=260)),
+            vocabulary="byte", evaluation=trainer.EvalConfig(period=5),
+        )  # fmt: skip

@@ -26,13 +26,14 @@ import sys
 from collections.abc import Mapping
 
 import jax
+import numpy as np
 
 from distillspec import checkpoints, datagen, distributed, partitioning, tasks, trainer
-from distillspec.feature_converters import prompt_batches
+from distillspec.feature_converters import prompt_batches, valid_rows
 from distillspec.models import load_checkpoint
 from distillspec.models.base import TruncatedVocabulary
 from distillspec.models.drafts import DraftSpec, make_draft
-from distillspec.runs.common import check_models_serve, check_special_tokens, export
+from distillspec.runs.common import check_models_serve, check_special_tokens, export, prompt_sets
 from distillspec.vocabularies import Tokenizer, load_tokenizer
 
 EXPORT_SUBDIR = "export"
@@ -140,6 +141,41 @@ def _check_run_args(max_examples, loop: trainer.LoopConfig, mesh_shape) -> None:
         )
 
 
+def _check_evaluation(evaluation: trainer.EvalConfig, multi: bool, teacher, checkpoint) -> None:
+    if not evaluation.enabled:
+        return
+    if teacher is None and checkpoint is None:
+        raise ValueError(
+            f"EvalConfig.period = {evaluation.period} evaluates the student as a draft for the "
+            "teacher, but this run has no teacher (pretraining): set EvalConfig.period = 0"
+        )
+    if multi:
+        raise ValueError(
+            f"EvalConfig.period = {evaluation.period}: periodic evaluation runs in one process "
+            "on one device (train.mesh_shape = (1, 1)); set EvalConfig.period = 0 here and "
+            "evaluate the exported checkpoints with python -m distillspec.evaluate"
+        )
+
+
+def _eval_prompts(task: str, evaluation: trainer.EvalConfig, lengths, bos_id) -> list[dict]:
+    """The first evaluation.num_prompts prompts of the task's evaluation.split, in batches of
+    up to 16 (fails here, before training, on a split the task lacks)."""
+    batches = prompt_sets(
+        [(task, evaluation.split)], lengths, evaluation.num_prompts,
+        min(evaluation.num_prompts, 16), bos_id,
+    )[(task, evaluation.split)]  # fmt: skip
+    keep, batches = evaluation.num_prompts, list(batches)
+    out = []
+    for batch in batches:  # Exactly num_prompts rows are counted.
+        valid = valid_rows(batch).astype(bool)
+        ranks = np.cumsum(valid)
+        out.append({**batch, "valid": valid & (ranks <= keep)})
+        keep -= int(out[-1]["valid"].sum())
+    if not any(b["valid"].any() for b in out):
+        raise ValueError(f"task {task!r} split {evaluation.split!r} has no prompts to evaluate")
+    return out
+
+
 def _example_store(task, split, lengths, max_examples, batch_size, bos_id, shard=0, num_shards=1):
     """Shard `shard` of `num_shards` of the split (seqio ShardInfo), its share of max_examples."""
     if max_examples is not None:
@@ -208,6 +244,7 @@ def train(
     loss: trainer.LossConfig = trainer.LossConfig(divergence="ce"),
     optimizer: trainer.OptimizerConfig = trainer.OptimizerConfig(),
     mixture: datagen.DataMixture = datagen.DataMixture(fixed_data_fraction=1.0),
+    evaluation: trainer.EvalConfig = trainer.EvalConfig(),
     mesh_shape: tuple[int, int] = (1, 1),
     fsdp: bool = False,
     vocabulary: str | None = None,
@@ -230,6 +267,9 @@ def train(
       teacher / teacher_checkpoint: the frozen target: an architecture initialised from
         teacher_seed, or a Hugging Face or T5X checkpoint directory; neither for pretraining.
       loop, loss, optimizer, mixture: see their classes.
+      evaluation: periodic evaluation of the student as a draft for the teacher (alpha and tau
+        on held-out prompts of the task's `evaluation.split`, in metrics.jsonl and TensorBoard;
+        `trainer.EvalConfig`); distillation in one process on one device only.
       mesh_shape: (data, model) device mesh over every process's devices; (1, 1) runs on one
         device.
       fsdp: also split the teacher's, the student's and the optimizer state's parameters
@@ -257,6 +297,7 @@ def train(
     tokenizer = load_tokenizer(vocabulary, teacher_checkpoint or student_checkpoint)
     check_special_tokens({"teacher": teacher_checkpoint, "student": student_checkpoint})
     multi = tuple(mesh_shape) != (1, 1) or jax.process_count() > 1
+    _check_evaluation(evaluation, multi, teacher, teacher_checkpoint)
     mesh = partitioning.make_mesh(*mesh_shape) if multi else None
     rules = partitioning.param_rules(fsdp)
     teacher_model, teacher_params = _load_teacher(
@@ -278,11 +319,16 @@ def train(
         print(f"[train] {tokenizer.describe()}", file=sys.stderr, flush=True)
         with open(os.path.join(model_dir, "config.gin"), "w") as f:
             f.write(config_text + f"\n# {tokenizer.describe()}\n")
+    eval_prompts = ()
+    if evaluation.enabled:
+        eval_prompts = _eval_prompts(name, evaluation, task_feature_lengths, tokenizer.prompt_bos)
     cut = lambda m: m if m is None or vocab_size is None else TruncatedVocabulary(m, vocab_size)
     models = trainer.Models(cut(student_model), cut(teacher_model), teacher_params)
     params = trainer.fit(
         model_dir, models, params, data, loop, loss, optimizer,
         mixture=mixture, eos_id=tokenizer.eos_id, mesh=mesh, rules=rules, console=console,
+        evaluation=evaluation, eval_prompts=eval_prompts,
+        eval_max_new_tokens=task_feature_lengths["targets"],
     )  # fmt: skip
     _export(student_model, params, tokenizer, model_dir)
     return params
