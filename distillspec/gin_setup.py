@@ -30,6 +30,7 @@ from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
 from distillspec.models.drafts import DraftSpec
 from distillspec.runs import disco, evaluate, quickstart, train
 from distillspec.sampling import SamplingConfig
+from distillspec.study import pipeline
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -50,6 +51,9 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
             quickstart.quickstart, module="distillspec.quickstart", denylist=["stage", "bindings"]
         ),
         "disco": gin.external_configurable(disco.disco, module="distillspec.disco"),
+        "study": gin.external_configurable(
+            pipeline.study, module="distillspec.study", denylist=["stage", "bindings"]
+        ),
     }
     for cls in (TransformerConfig, DecoderOnlyLM, T5Config, T5LM):
         gin.external_configurable(cls, module="distillspec.models")
@@ -69,13 +73,14 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
 
 
 def run_function(name: str) -> Callable[..., Any]:
-    """The gin-configured run function `name` ('train', 'evaluate', 'quickstart', 'disco'),
-    given what only the gin layer knows: the parsed configuration (for MODEL_DIR/config.gin)
-    and, for the quickstart, its stages as gin-configured run functions under scopes."""
+    """The gin-configured run function `name` ('train', 'evaluate', 'quickstart', 'disco',
+    'study'), given what only the gin layer knows: the parsed configuration (for
+    MODEL_DIR/config.gin) and, for the quickstart and the study, their stages as gin-configured
+    run functions under scopes."""
     configured = register_configurables()[name]
     if name == "train":
         return lambda **kwargs: configured(config_text=config_str(), **kwargs)
-    if name == "quickstart":
+    if name in ("quickstart", "study"):
         return lambda **kwargs: configured(stage=scoped_run, bindings=scoped_bindings, **kwargs)
     return configured
 

@@ -121,3 +121,69 @@ def test_tiny_disco_cli(tiny_quickstart, tmp_path):
     classifier = tiny_quickstart[0] / "draft" / "export" / "disco" / "classifier.json"
     assert json.loads(classifier.read_text())["tuning"]["static_opt"] in (1, 2)
     assert "F1 DISCO" in (tmp_path / "disco_f1.md").read_text()
+
+
+def _study(out, *flags):
+    from distillspec.study.__main__ import main
+
+    gin.clear_config()
+    made = main([
+        f"--output_dir={out}", "--gin_file=experiments/study_quickstart.gin",
+        f"--gin_file={CONFIGS / 'tiny_study.gin'}", *flags,
+    ])  # fmt: skip
+    gin.clear_config()
+    return made
+
+
+def test_tiny_study_runs_every_cell_writes_the_report_and_resumes(tiny_quickstart, tmp_path):
+    """The whole study pipeline on the tiny quickstart's models (served by its model cache):
+    every cell trained and evaluated, the report written; a rerun skips finished cells and
+    redoes an unfinished one identically."""
+    out = tmp_path / "study"
+    made = _study(out)
+    cells = sorted(os.listdir(out / "cells"))
+    # 2 divergences x 2 sources + GKD (jsd-student) at seed 0, fkl-fixed again at seed 1.
+    assert cells == sorted([
+        "standard", "fkl-fixed-s0", "fkl-student-s0", "tvd-fixed-s0", "tvd-student-s0",
+        "jsd-student-s0", "fkl-fixed-s1",
+    ])  # fmt: skip
+    for cell in cells:
+        assert (out / "cells" / cell / "study_eval.jsonl").exists()
+    grid = [r for r in made if r["kind"] == "grid"]
+    assert {(r["cell"], r["seed"], r["temperature"]) for r in grid} == {
+        (c.rsplit("-s", 1)[0], int(c.rsplit("-s", 1)[1]), t)
+        for c in cells if c != "standard" for t in (0.0, 1.0)
+    } | {("standard", None, 0.0), ("standard", None, 1.0)}  # fmt: skip
+    assert all(len(r["tau_per_prompt"]) == r["num_prompts"] == 4 for r in grid)
+    curves = [r for r in made if r["kind"] == "curve" and r["cell"] == "fkl-student"]
+    assert sorted(r["step"] for r in curves) == [0, 2, 4]
+    quality = [r for r in made if r["kind"] == "quality"]
+    assert len(quality) == len(cells) and all(0 <= r["chrf"] <= 100 for r in quality)
+    lenience = [r for r in made if r["kind"] == "lenience"]
+    # 2 drafts x (lossless + linear 0.5) + the plain target.
+    assert len(lenience) == 5 and lenience[-1]["draft"] == "target"
+    for name in ("recipes.md", "grid_T0.md", "grid_T1.md", "findings.md", "fig2_recipes.png",
+                 "fig3a_training.png", "fig3b_per_prompt.png", "fig3c_tau_theory.png",
+                 "fig4_grid.png", "fig5a_quality.png", "fig5b_lenience.png"):  # fmt: skip
+        assert (out / name).stat().st_size > 0, name
+    assert [json.loads(line) for line in open(out / "records.jsonl")] == made
+    # A rerun skips the finished cells; a cell whose evaluation is missing is redone.
+    finished = out / "cells" / "tvd-fixed-s0" / "study_eval.jsonl"
+    mtime = finished.stat().st_mtime_ns
+    redone = out / "cells" / "fkl-student-s0" / "study_eval.jsonl"
+    before = [json.loads(line) for line in open(redone)]
+    redone.unlink()
+    again = _study(out)
+    assert finished.stat().st_mtime_ns == mtime
+    after = [json.loads(line) for line in open(redone)]
+    assert [r["tau"] for r in after if r["kind"] == "grid"] == [
+        r["tau"] for r in before if r["kind"] == "grid"
+    ]
+    assert len(again) == len(made)
+
+
+def test_study_rejects_unknown_cells_naming_the_valid_ones(tiny_quickstart, tmp_path):
+    with pytest.raises(ValueError, match=r"'kl' is not one of \('fkl', 'rkl', 'jsd', 'tvd'\)"):
+        _study(tmp_path / "s", "--gin.study.divergences=['kl']")
+    with pytest.raises(ValueError, match=r"study.data_sources: 'on-policy' is not one of"):
+        _study(tmp_path / "s", "--gin.study.data_sources=['on-policy']")

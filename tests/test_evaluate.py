@@ -127,7 +127,7 @@ def test_mean_tvd_greedy_is_argmax_disagreement(setup):
     model, params, prompts, drafts, _ = setup
     noisy = drafts["noisy"][1]
     batch = prompts[0]
-    plain = evaluation._plain_call(
+    plain = evaluation.plain_call(
         model, params, jax.random.PRNGKey(0), SamplingConfig(), dict(max_new_tokens=4),
         0, batch,
     )  # fmt: skip
@@ -169,7 +169,7 @@ def test_packing_aligns_with_greedy_generation(setup, t5, family):
     """Teacher-forced greedy argmaxes at the weighted positions are the generated tokens."""
     model, params = t5 if family == "t5" else setup[:2]
     batch = setup[2][0]
-    plain = evaluation._plain_call(
+    plain = evaluation.plain_call(
         model, params, jax.random.PRNGKey(0), SamplingConfig(), dict(max_new_tokens=4),
         0, batch,
     )  # fmt: skip
@@ -279,7 +279,10 @@ def test_latency_fields_by_hand_with_a_fake_clock(monkeypatch):
         return run
 
     singles = [{"prompt_tokens": np.zeros((1, 5))} for _ in range(2)]
-    fields = evaluation._latency_fields(fake("plain", 3.0), fake("spec", 1.0), singles, 3)
+    fields, plain, spec = evaluation.batch1_latency(
+        fake("plain", 3.0), fake("spec", 1.0), singles, 3
+    )
+    assert len(plain) == len(spec) == 2  # One result per prompt, for the outputs' quality.
     assert fields == {
         "latency_speedup": pytest.approx(3.0),
         "latency_ms": pytest.approx(1000.0 * 2 / 8),
@@ -288,7 +291,7 @@ def test_latency_fields_by_hand_with_a_fake_clock(monkeypatch):
     }
     # One untimed warm-up for the one compiled shape, then 3 interleaved pairs per prompt.
     assert calls == [("plain", 0), ("spec", 0)] * 4 + [("plain", 1), ("spec", 1)] * 3
-    none = evaluation._latency_fields(fake("plain", 3.0), fake("spec", 1.0), [], 3)
+    none, _, _ = evaluation.batch1_latency(fake("plain", 3.0), fake("spec", 1.0), [], 3)
     assert none == dict(latency_speedup=None, latency_ms=None, target_latency_ms=None,
                         latency_prompts=0)  # fmt: skip
 

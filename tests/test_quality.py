@@ -79,3 +79,41 @@ def test_quality_records_of_every_model():
         assert r["num_prompts"] == 3
         assert r["nll"] == pytest.approx(quality.completion_nll(model, params, [batch]))
         assert 0 < r["distinct_4"] <= 1 and 0 <= r["repeating_share"] <= 1
+
+
+class _Letters:
+    """A vocabulary decoding id i to chr(ord('a') + i), for texts that can be checked by eye."""
+
+    def decode(self, ids):
+        return "".join(chr(ord("a") + i) for i in ids)
+
+
+def test_chrf_is_100_for_identical_texts_lower_for_others_and_checks_pairing():
+    assert quality.chrf(["def f(x): return x"], ["def f(x): return x"]) == pytest.approx(100.0)
+    near = quality.chrf(["def f(y): return y"], ["def f(x): return x"])
+    far = quality.chrf(["while True: pass"], ["def f(x): return x"])
+    assert 0 <= far < near < 100
+    with pytest.raises(ValueError, match="one reference per output, got 2 outputs and 1"):
+        quality.chrf(["a", "b"], ["a"])
+
+
+def test_detokenize_cuts_each_row_at_its_length_and_first_eos():
+    tokens = np.array([[0, 1, 2, 3], [3, 9, 2, 1]])
+    assert quality.detokenize(_Letters(), tokens, np.array([3, 4]), eos_id=9) == ["abc", "d"]
+
+
+def test_output_quality_scores_outputs_against_the_references_and_under_the_scorer():
+    model, params = tiny_lm(VOCAB)
+    batch = _batch(3, seed=4, valid=[True, True, False])
+    refs = batch["completion_tokens"][:2], batch["completion_lengths"][:2]
+    same = quality.output_quality([batch], *refs, vocabulary=_Letters(), eos_id=None,
+                                  scorer=(model, params))  # fmt: skip
+    assert same["chrf"] == pytest.approx(100.0)
+    # The outputs are the references, so the scorer's NLL of them is the references' NLL.
+    valid_only = {k: v[:2] for k, v in batch.items() if k != "valid"}
+    assert same["target_nll"] == pytest.approx(
+        quality.completion_nll(model, params, [valid_only]), rel=1e-6
+    )
+    other = quality.output_quality([batch], refs[0][::-1], refs[1][::-1],
+                                   vocabulary=_Letters(), eos_id=None)  # fmt: skip
+    assert other["chrf"] < 100 and "target_nll" not in other

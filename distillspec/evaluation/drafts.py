@@ -39,7 +39,7 @@ import numpy as np
 from distillspec import checks, datagen, losses
 from distillspec.decoding import DecodeResult, generate, shared_vocab_size, speculative_generate
 from distillspec.evaluation.timing import interleaved_items
-from distillspec.feature_converters import decodable, single_prompts, valid_rows
+from distillspec.feature_converters import decodable, valid_rows
 from distillspec.sampling import SamplingConfig, logits_to_probs
 
 RECORD_KEYS = (
@@ -76,6 +76,7 @@ class GridConfig:
     timing_repeats: int = 1  # Interleaved (plain, spec) pairs timed per batch; medians summed.
     seed: int = 0  # Batch i samples with fold_in(PRNGKey(seed), i), plain and spec alike.
     latency_prompts: int | None = None  # Prompts timed at batch 1; None = all, 0 = none.
+    per_prompt: bool = False  # Also record each prompt's tau ('tau_per_prompt', a list).
 
     def __post_init__(self):
         object.__setattr__(self, "gammas", tuple(checks.check_int_list("gammas", self.gammas)))
@@ -230,30 +231,45 @@ def _measure(plain_fn, spec_fn, batches, timing_repeats: int):
 
 def latency_batches(batches, latency_prompts: int | None) -> list[dict[str, np.ndarray]]:
     """The first `latency_prompts` valid rows of prompt batches (None = all) as batch-1
-    prompt batches ('prompt_tokens' [1, P], 'prompt_lengths' [1]) for `_measure`."""
-    singles = single_prompts(batches)[:latency_prompts]
-    return [{"prompt_tokens": tokens, "prompt_lengths": lengths} for tokens, lengths in singles]
+    prompt batches ('prompt_tokens' [1, P], 'prompt_lengths' [1], and the row of every other
+    per-row array, e.g. the reference completion) for `_measure`."""
+    singles = []
+    for batch in batches:
+        rows = np.shape(batch["prompt_tokens"])[0]
+        for row in np.flatnonzero(valid_rows(batch)):
+            singles.append({
+                key: np.asarray(value)[row : row + 1]
+                for key, value in batch.items()
+                if key != "valid" and np.ndim(value) and np.shape(value)[0] == rows
+            })  # fmt: skip
+    return singles[:latency_prompts]
 
 
-def _latency_fields(plain_fn, spec_fn, singles, timing_repeats: int) -> dict[str, Any]:
-    """latency_ms, target_latency_ms (ms per generated token at batch 1), latency_speedup and
-    latency_prompts, from batch-1 runs interleaved prompt by prompt (all None without prompts)."""
+def batch1_latency(plain_fn, spec_fn, singles, timing_repeats: int):
+    """Batch-1 runs of both decoders, interleaved prompt by prompt, compilation excluded.
+
+    Returns:
+      (fields, plain results, spec results): fields are latency_ms, target_latency_ms (ms per
+      generated token), latency_speedup and latency_prompts (all None without prompts).
+    """
     if not singles:
-        return dict(
+        fields = dict(
             latency_speedup=None, latency_ms=None, target_latency_ms=None, latency_prompts=0
         )
+        return fields, [], []
     plain, spec, t_plain, t_spec = _measure(plain_fn, spec_fn, singles, timing_repeats)
     count = lambda results: max(sum(int(np.sum(r.lengths)) for r in results), 1)
     latency, target_latency = 1e3 * t_spec / count(spec), 1e3 * t_plain / count(plain)
-    return {
+    fields = {
         "latency_speedup": target_latency / max(latency, 1e-12),
         "latency_ms": latency,
         "target_latency_ms": target_latency,
         "latency_prompts": len(singles),
     }
+    return fields, plain, spec
 
 
-def _plain_call(target, params, base_rng, sampling, kwargs, index: int, batch) -> DecodeResult:
+def plain_call(target, params, base_rng, sampling, kwargs, index: int, batch) -> DecodeResult:
     """Plain decoding of prompt batch `index` (its sampling key is fold_in(base_rng, index))."""
     rng = jax.random.fold_in(base_rng, index)
     return generate(
@@ -262,10 +278,10 @@ def _plain_call(target, params, base_rng, sampling, kwargs, index: int, batch) -
     )  # fmt: skip
 
 
-def _spec_call(
+def spec_call(
     target, draft, target_params, draft_params, base_rng, sampling, kwargs, index: int, batch
 ) -> DecodeResult:
-    """Speculative decoding of prompt batch `index`, with the same key as `_plain_call`."""
+    """Speculative decoding of prompt batch `index`, with the same key as `plain_call`."""
     rng = jax.random.fold_in(base_rng, index)
     return speculative_generate(
         target, draft, target_params, draft_params, batch["prompt_tokens"],
@@ -364,11 +380,11 @@ def evaluate_drafts(
     total = len(drafts) * len(grid.gammas) * len(grid.temperatures)
     for temperature in grid.temperatures:
         sampling = SamplingConfig(temperature=temperature)
-        plain_fn = functools.partial(_plain_call, target, target_params, base_rng, sampling, common)
+        plain_fn = functools.partial(plain_call, target, target_params, base_rng, sampling, common)
         for name, (draft, draft_params) in drafts.items():
             for gamma in grid.gammas:
                 spec_fn = functools.partial(
-                    _spec_call, target, draft, target_params, draft_params, base_rng, sampling,
+                    spec_call, target, draft, target_params, draft_params, base_rng, sampling,
                     dict(common, gamma=gamma),
                 )  # fmt: skip
                 plain, spec, t_plain, t_spec = _measure(
@@ -382,10 +398,14 @@ def evaluate_drafts(
                 record = _record(
                     plain, spec, t_plain, t_spec, batches, tvd_cache[name, temperature], gamma
                 )
-                record.update(_latency_fields(plain_fn, spec_fn, singles, grid.timing_repeats))
+                record.update(batch1_latency(plain_fn, spec_fn, singles, grid.timing_repeats)[0])
                 record = {"draft": name, "gamma": gamma, "temperature": temperature, **record}
                 record.update(task=task, split=split, max_new_tokens=grid.max_new_tokens)
                 record = {key: record[key] for key in RECORD_KEYS}  # Fixed key order.
+                if grid.per_prompt:
+                    tokens = _valid_rows(spec, "lengths", batches)
+                    calls = _valid_rows(spec, "target_calls", batches)
+                    record["tau_per_prompt"] = (tokens / np.maximum(calls, 1.0)).tolist()
                 records.append(record)
                 _report_progress(record, len(records), total)
     return records

@@ -7,6 +7,14 @@
   repeating_share    share of outputs that never stop and end in a loop (at most half of the
                      4-grams of their last 32 tokens distinct), the degenerate
                      `x.call(____...` output of an under-trained target
+  chrf               corpus chrF (sacrebleu's CHRF: character n-grams up to 6, beta = 2;
+                     0-100) of the detokenised
+                     outputs against the reference completions: the task-quality metric of the
+                     paper study (Fig. 5). Character n-grams need no code tokenizer and give
+                     partial credit for near-miss identifiers, which word-level ROUGE-L does not
+  target_nll         the target's NLL (nats/token) of an output, teacher-forced after its
+                     prompt: how likely the target finds what a draft (or a lossy decoder)
+                     wrote
 
 A degenerate target makes every speculative-decoding figure machine-dependent (greedy
 acceptance then depends on which loop bit-level rounding sends it into), so the quickstart
@@ -21,6 +29,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from sacrebleu.metrics import CHRF
 
 from distillspec import datagen, losses
 from distillspec.decoding import generate
@@ -92,6 +101,64 @@ def repeating_share(tokens: np.ndarray, lengths: np.ndarray, eos_id: int | None)
     return float(np.mean(stuck)) if stuck else float("nan")
 
 
+def chrf(outputs: Sequence[str], references: Sequence[str]) -> float:
+    """Corpus chrF (0-100) of outputs against one reference each."""
+    if len(outputs) != len(references) or not outputs:
+        raise ValueError(
+            f"chrF needs one reference per output, got {len(outputs)} outputs and "
+            f"{len(references)} references"
+        )
+    return float(CHRF().corpus_score(list(outputs), [list(references)]).score)
+
+
+def detokenize(vocabulary, tokens: np.ndarray, lengths: np.ndarray, eos_id: int | None) -> list:
+    """Rows [R, N] (lengths [R]) as text, each cut at its first EOS (not included)."""
+    texts = []
+    for row in _rows(tokens, lengths):
+        ids = [int(t) for t in row]
+        if eos_id is not None and eos_id in ids:
+            ids = ids[: ids.index(eos_id)]
+        texts.append(vocabulary.decode(ids))
+    return texts
+
+
+def _with_completions(batches: Sequence[dict], tokens: np.ndarray, lengths: np.ndarray):
+    """The batches with their valid rows' completions replaced by outputs [R, N] (lengths [R],
+    one per valid row, in order); padding rows get empty completions."""
+    out, start = [], 0
+    for b in batches:
+        rows = valid_rows(b) > 0
+        stop = start + int(rows.sum())
+        completions = np.zeros((len(rows), tokens.shape[1]), np.int32)
+        completion_lengths = np.zeros(len(rows), np.int32)
+        completions[rows], completion_lengths[rows] = tokens[start:stop], lengths[start:stop]
+        out.append(
+            {**b, "completion_tokens": completions, "completion_lengths": completion_lengths}
+        )
+        start = stop
+    return out
+
+
+def output_quality(
+    batches: Sequence[dict], tokens: np.ndarray, lengths: np.ndarray, *, vocabulary,
+    eos_id: int | None, scorer: tuple[Any, Any] | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """{'chrf'} of outputs [R, N] (one per valid row of `batches`, in order) against the
+    batches' reference completions, and {'target_nll'} under `scorer` = (model, params)."""
+    references = [
+        text
+        for b in batches
+        for text in detokenize(
+            vocabulary, np.asarray(b["completion_tokens"])[valid_rows(b) > 0],
+            np.asarray(b["completion_lengths"])[valid_rows(b) > 0], eos_id,
+        )
+    ]  # fmt: skip
+    quality = {"chrf": chrf(detokenize(vocabulary, tokens, lengths, eos_id), references)}
+    if scorer is not None:
+        quality["target_nll"] = completion_nll(*scorer, _with_completions(batches, tokens, lengths))
+    return quality
+
+
 def quality_records(
     models: Mapping[str, tuple[Any, Any]],
     batches: Sequence[dict],
@@ -101,10 +168,14 @@ def quality_records(
     task: str = "",
     split: str = "",
     vocab_size: int | None = None,
+    vocabulary=None,
+    scorer: tuple[Any, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """One record per model: {'model', 'task', 'split', 'num_prompts', 'nll', 'distinct_4',
     'repeating_share'}; nll on the batches' reference completions, the other two on each
-    model's greedy output (max_new_tokens) for the same prompts."""
+    model's greedy output (max_new_tokens) for the same prompts. With the tokenizer's
+    `vocabulary`, also 'chrf' of the greedy outputs against the references, and with
+    `scorer` = (target, params) 'target_nll', the target's NLL of them (`output_quality`)."""
     records = []
     for name, (model, params) in models.items():
         scored = model if vocab_size is None else TruncatedVocabulary(model, vocab_size)
@@ -125,4 +196,8 @@ def quality_records(
             "distinct_4": distinct_ngrams(tokens, lengths, 4),
             "repeating_share": repeating_share(tokens, lengths, eos_id),
         })  # fmt: skip
+        if vocabulary is not None:
+            records[-1].update(output_quality(
+                batches, tokens, lengths, vocabulary=vocabulary, eos_id=eos_id, scorer=scorer,
+            ))  # fmt: skip
     return records

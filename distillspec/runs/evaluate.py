@@ -17,7 +17,7 @@ from distillspec.disco import storage
 from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
 from distillspec.evaluation.policies import evaluate_policies, resolve_policies
 from distillspec.evaluation.quality import quality_records
-from distillspec.models.base import check_decode_dtype, for_decoding
+from distillspec.models.base import TruncatedVocabulary, check_decode_dtype, for_decoding
 from distillspec.records import RECORDS_FILE, TUNED_POLICIES, append_records, write_jsonl_atomic
 from distillspec.runs.common import open_run, prompt_sets
 
@@ -83,7 +83,8 @@ def evaluate(
     disco_table.md, oracle_sl_hist.png) and prints the tables.
 
     With `quality`, also each model's quality as a model, per eval set (`evaluation.quality`:
-    NLL of the reference completions, distinct-4 and share of looping greedy outputs) in
+    NLL of the reference completions, distinct-4, share of looping greedy outputs, chrF of
+    the greedy outputs against the references and the target's NLL of them) in
     OUTPUT_DIR/quality.jsonl and quality.md, printed after the tables.
     """
     if not gammas and not policies:
@@ -131,17 +132,20 @@ def evaluate(
     if quality:
         _report_quality(
             output_dir, {"target": (target, target_params), **models}, sets,
-            task_feature_lengths["targets"], tokenizer.eos_id, vocab_size,
+            task_feature_lengths["targets"], tokenizer, vocab_size,
         )  # fmt: skip
     return records
 
 
-def _report_quality(output_dir, models, sets, max_new_tokens, eos_id, vocab_size) -> None:
+def _report_quality(output_dir, models, sets, max_new_tokens, tokenizer, vocab_size) -> None:
     rows = []
+    scorer = models["target"]
+    if vocab_size is not None:
+        scorer = (TruncatedVocabulary(scorer[0], vocab_size), scorer[1])
     for (task, split), batches in sets.items():
         rows += quality_records(
-            models, batches, max_new_tokens=max_new_tokens, eos_id=eos_id, task=task,
-            split=split, vocab_size=vocab_size,
+            models, batches, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, task=task,
+            split=split, vocab_size=vocab_size, vocabulary=tokenizer.vocabulary, scorer=scorer,
         )  # fmt: skip
     write_jsonl_atomic(os.path.join(output_dir, QUALITY_FILE), rows)
     print(tables.write_markdown(rows, os.path.join(output_dir, "quality.md")))

@@ -30,7 +30,7 @@ from distillspec.vocabularies import default_cache_dir
 
 MARKER = "CACHED"
 # Not training code: changing these cannot change a pretrained model.
-_NOT_TRAINING = ("evaluation", "disco", "benchmarks", "tables.py")
+_NOT_TRAINING = ("evaluation", "disco", "benchmarks", "study", "tables.py")
 # Arguments that say where or how a run reports, not what it trains.
 _NOT_CONFIG = ("model_dir", "console", "config_text")
 

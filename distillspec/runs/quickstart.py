@@ -51,8 +51,29 @@ def quickstart(
     Returns:
       The evaluation records of this run (drafts labelled 'standard' and 'distilled').
     """
+    target, draft = pretrained(output_dir, stage, bindings, cache_models, model_cache_dir)
+    distilled = os.path.join(output_dir, "distilled")
+    stage("distill", "train")(
+        model_dir=distilled, teacher_checkpoint=target, student_checkpoint=draft
+    )
+    return stage("evaluate", "evaluate")(
+        output_dir=output_dir,
+        target_checkpoint=target,
+        drafts={"standard": draft, "distilled": os.path.join(distilled, "export")},
+    )
+
+
+def pretrained(
+    output_dir: str,
+    stage: StageFn,
+    bindings: BindingsFn | None,
+    cache_models: bool = True,
+    model_cache_dir: str | None = None,
+) -> tuple[str, str]:
+    """Pretrains the target and the standard draft (stages target/ and draft/) into
+    output_dir/{target,draft}, through the model cache unless not `cache_models`, resuming an
+    interrupted stage; returns their export directories (target, draft)."""
     path = lambda name: os.path.join(output_dir, name)
-    export = lambda name: os.path.join(output_dir, name, "export")
     for name in PRETRAINED:
         train = stage(name, "train")
         if not cache_models or (os.path.isdir(path(name)) and not os.path.islink(path(name))):
@@ -63,13 +84,4 @@ def quickstart(
         key = model_cache.fingerprint(bindings(name, "train"))
         cached = model_cache.cached_stage(name, key, train, model_cache_dir)
         model_cache.link(cached, path(name))
-    stage("distill", "train")(
-        model_dir=path("distilled"),
-        teacher_checkpoint=export("target"),
-        student_checkpoint=export("draft"),
-    )
-    return stage("evaluate", "evaluate")(
-        output_dir=output_dir,
-        target_checkpoint=export("target"),
-        drafts={"standard": export("draft"), "distilled": export("distilled")},
-    )
+    return tuple(os.path.join(path(name), "export") for name in PRETRAINED)

@@ -1,0 +1,25 @@
+"""python -m distillspec.study --gin_file=experiments/study_quickstart.gin [--output_dir DIR]
+[--gin.NAME=VALUE ...]: the paper study (`distillspec.study.pipeline.study`) under gin; a rerun
+after an interruption continues where it stopped and skips finished cells."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from distillspec import gin_setup
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--output_dir", default=None)
+    args, rest = parser.parse_known_args(argv if argv is not None else sys.argv[1:])
+    flags = gin_setup.parse_command_line(rest, "study")
+    if flags.multiprocess:
+        gin_setup.check_multiprocess_run("study")
+    kwargs = {} if args.output_dir is None else {"output_dir": args.output_dir}
+    return gin_setup.run_function("study")(**kwargs)
+
+
+if __name__ == "__main__":
+    main()
