@@ -1,14 +1,17 @@
 """The speculative benchmark's measurement on a tiny pair (the reference pair is too big for
-tests), its cost model from fake interleaved timings, and its --dtype option."""
+tests), its cost model from fake interleaved timings, and its --dtype option; the train-step
+benchmark's record on the tiny distillation pair."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 
 from distillspec.benchmarks import speculative as bench
+from distillspec.benchmarks import train_step as step_bench
 from distillspec.decoding import DecodeResult
 from tests.test_utils import perturbed, tiny_lm
 
@@ -99,3 +102,38 @@ def test_bad_dtype_names_the_value_and_the_valid_ones(capsys):
         bench.main(["--dtype", "float32", "fp16"])
     err = capsys.readouterr().err
     assert "--dtype" in err and "'fp16'" in err and "('float32', 'bfloat16')" in err
+
+
+TRAIN_STEP_TIMES = (
+    "teacher_forward_ms", "student_fwd_bwd_ms", "packing_ms", "sampling_ms", "batch_fixed_ms",
+    "kd_step_fixed_ms", "kd_step_onpolicy_ms",
+)  # fmt: skip
+
+
+def test_train_step_benchmark_reports_every_part_of_the_step(tmp_path):
+    out = tmp_path / "train_step.json"
+    flags = ["--tiny", "--repeats", "3", "--batch_size", "4", "--prompt_length", "16",
+             "--completion_length", "8", "--max_examples", "16", "--json", str(out)]  # fmt: skip
+    record = step_bench.main(flags)
+    assert json.loads(out.read_text()) == record
+    ratios = ("kd_step_fixed_over_sum", "kd_step_onpolicy_over_sum")
+    missing = [key for key in TRAIN_STEP_TIMES + ratios if key not in record]
+    assert not missing, missing
+    for key in TRAIN_STEP_TIMES + ratios:
+        assert math.isfinite(record[key]) and record[key] > 0, (key, record[key])
+    # No speed threshold (timed assertions are not allowed); the ratio is its definition.
+    parts = record["teacher_forward_ms"] + record["student_fwd_bwd_ms"]
+    assert record["kd_step_fixed_over_sum"] == pytest.approx(
+        record["kd_step_fixed_ms"] / parts, rel=1e-2
+    )
+    assert (record["batch_size"], record["prompt_length"], record["repeats"]) == (4, 16, 3)
+    assert 0 < record["sampled_tokens_per_row"] <= 8
+
+
+def test_train_step_benchmark_names_the_flags_when_the_quickstart_pair_is_missing(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # No runs/quickstart here.
+    with pytest.raises(SystemExit) as e:
+        step_bench.main([])
+    assert "--teacher" in str(e.value) and "--student" in str(e.value) and "--tiny" in str(e.value)

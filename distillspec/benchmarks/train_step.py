@@ -1,0 +1,257 @@
+"""Where a distillation step's time goes: the trainer's step against its parts.
+
+    python -m distillspec.benchmarks.train_step --json OUT.json [--teacher DIR --student DIR] \\
+        [--batch_size 16] [--repeats 20] [--tiny]
+
+Measures in one process, with compilation excluded (every function runs once untimed first)
+and the functions below interleaved (one call of each per repeat, `timing.interleaved_items`),
+the medians over repeats in ms per step; each call ends with its outputs ready on the devices
+(`jax.block_until_ready`):
+  teacher_forward_ms    the jitted teacher `logits(params, inputs)` on a packed fixed-data batch;
+  student_fwd_bwd_ms    `trainer.train_step` (jitted and donating its state, as
+                        `trainer.compile_train_step` makes it) with the teacher forward replaced
+                        by precomputed teacher logits: the student's forward and backward, the
+                        divergence, the metrics and the optimizer update;
+  packing_ms            the jitted `trainer.compile_step_batch` function on fixed data (no
+                        generated sources): packing only;
+  sampling_ms           the same function with every row student-generated (on-policy):
+                        sampling `completion_length` tokens (or to EOS) from the student, then
+                        packing;
+  batch_fixed_ms        `trainer._step_batch` of a fixed-data step, as the training loop calls
+                        it: the step's rows from the ExampleStore, its sources, then packing;
+  kd_step_fixed_ms      the real full step, `trainer.compile_train_step(...)` with the teacher,
+                        on a fixed-data batch (teacher forward included; batch making not);
+  kd_step_onpolicy_ms   one on-policy step of the loop: `trainer._step_batch` with student
+                        samples, then the real full step on that batch;
+  kd_step_fixed_over_sum      kd_step_fixed_ms / (teacher_forward_ms + student_fwd_bwd_ms): the
+                        full step's overhead over its two parts (the project's goal: <= 1.10);
+  kd_step_onpolicy_over_sum   kd_step_onpolicy_ms / (teacher_forward_ms + student_fwd_bwd_ms +
+                        sampling_ms): the same for an on-policy step, sampling included.
+The two timed train steps each feed their returned (donated) state back in, so parameters and
+optimizer state evolve as in training. Ratios are of the reported medians; absolute times are
+context only (they depend on the machine and its load). Also reported: the shapes, the models'
+sizes (MB of parameters), `sampled_tokens_per_row` (mean completion tokens the loss
+weighs in an on-policy batch: sampling stops at EOS), the loss and optimizer, and the backend.
+
+The models: --teacher and --student checkpoint directories (default: the quickstart's pair,
+runs/quickstart/target/export and runs/quickstart/draft/export), or --tiny: the randomly
+initialised teacher and student of configs/tests/tiny_distill.gin, built in-process with the
+'byte' tokenizer (for tests). The data: the --task's train split (default the embedded
+`stdlib_code`) read as the trainer reads it (`runs.train._example_store`, the first
+--max_examples examples), with the teacher checkpoint's tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from distillspec import datagen, tasks, trainer
+from distillspec.benchmarks import emit
+from distillspec.evaluation.timing import interleaved_items, megabytes
+from distillspec.models import DecoderOnlyLM, TransformerConfig, load_checkpoint
+from distillspec.models.base import TruncatedVocabulary
+from distillspec.runs.train import _example_store, _shared_vocab_size
+from distillspec.vocabularies import load_tokenizer
+
+QUICKSTART_TEACHER = os.path.join("runs", "quickstart", "target", "export")
+QUICKSTART_STUDENT = os.path.join("runs", "quickstart", "draft", "export")
+# configs/tests/tiny_distill.gin's teacher and student ('byte' tokenizer: 260 ids).
+TINY_TEACHER = TransformerConfig(
+    vocab_size=260, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+    mlp_dim=64, init_std=0.5,
+)  # fmt: skip
+TINY_STUDENT = TransformerConfig(
+    vocab_size=260, embed_dim=16, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=8, mlp_dim=32
+)
+TRAIN_STEPS = 1000  # The learning-rate schedule's length (its value does not change the cost).
+
+
+class PrecomputedTeacher:
+    """A stand-in teacher whose 'parameters' are its logits: `train_step` given it runs all of
+    the step except the teacher forward (the logits pass through `stop_gradient` unchanged)."""
+
+    def logits(self, logits, batch):
+        del batch
+        return logits
+
+
+def load_pair(args):
+    """(teacher, teacher_params, student, student_params, tokenizer, description)."""
+    if args.tiny:
+        teacher, student = DecoderOnlyLM(TINY_TEACHER), DecoderOnlyLM(TINY_STUDENT)
+        description = "tiny random pair of configs/tests/tiny_distill.gin"
+        teacher_params = teacher.init(jax.random.PRNGKey(1))  # tiny_distill's teacher_seed.
+        params = student.init(jax.random.PRNGKey(0))  # Its LoopConfig.seed.
+        return teacher, teacher_params, student, params, load_tokenizer("byte"), description
+    teacher_dir = args.teacher or QUICKSTART_TEACHER
+    student_dir = args.student or QUICKSTART_STUDENT
+    for flag, path in (("--teacher", teacher_dir), ("--student", student_dir)):
+        if not os.path.isdir(path):
+            raise SystemExit(
+                f"{flag} checkpoint {path!r} not found: pass --teacher DIR --student DIR (Hugging "
+                "Face or T5X checkpoint directories), run python -m distillspec.quickstart to "
+                "make the default pair, or use --tiny for tiny random models"
+            )
+    teacher, teacher_params = load_checkpoint(teacher_dir)
+    student, student_params = load_checkpoint(student_dir)
+    tokenizer = load_tokenizer(args.vocabulary, teacher_dir)
+    description = f"teacher {teacher_dir}, student {student_dir}"
+    return teacher, teacher_params, student, student_params, tokenizer, description
+
+
+def _ready(tree) -> None:
+    """Waits for the devices (the timers read the clock after this); keeps nothing."""
+    jax.block_until_ready(tree)
+
+
+def measure(
+    models: trainer.Models,
+    params,
+    data: datagen.ExampleStore,
+    eos_id: int | None,
+    loop: trainer.LoopConfig,
+    loss: trainer.LossConfig,
+    optimizer_config: trainer.OptimizerConfig,
+    repeats: int,
+    temperature: float = 1.0,
+) -> dict:
+    """The interleaved timings of the module docstring -> the record's timing fields."""
+    optimizer = trainer.make_optimizer(optimizer_config, TRAIN_STEPS)
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # Each donating chain owns its state.
+    fixed = datagen.DataMixture(fixed_data_fraction=1.0)
+    onpolicy = datagen.DataMixture(
+        fixed_data_fraction=0.0, student_data_fraction=1.0, temperature=temperature
+    )
+    make_fixed = trainer.compile_step_batch(models, fixed, eos_id)
+    make_onpolicy = trainer.compile_step_batch(models, onpolicy, eos_id)
+    teacher_params = models.teacher_params
+    rng = jax.random.PRNGKey(loop.seed)
+
+    # One step's host data, as `_step_batch` gives it to the jitted batch maker.
+    local = data.batch(loop.seed, 0, loop.batch_size)
+    as_fixed = dict(local, sources=np.full(loop.batch_size, datagen.DATASET, np.int32))
+    as_student = dict(local, sources=np.full(loop.batch_size, datagen.STUDENT, np.int32))
+    batch = make_fixed(params, teacher_params, as_fixed, rng, present=())
+    inputs = trainer._model_inputs(batch)
+    teacher_forward = jax.jit(models.teacher.logits)
+    teacher_logits = teacher_forward(teacher_params, inputs)
+    sampled = make_onpolicy(params, teacher_params, as_student, rng, present=(datagen.STUDENT,))
+    sampled_tokens = float(np.mean(np.sum(np.asarray(sampled["weights"]), axis=1)))
+
+    student_step = trainer.compile_train_step(models.student, PrecomputedTeacher(), loss, optimizer)
+    kd_step = trainer.compile_train_step(models.student, models.teacher, loss, optimizer)
+    chains = ("student", "fixed", "onpolicy")
+    states = {name: trainer.init_state(copy(params), optimizer) for name in chains}
+    steps = {name: itertools.count() for name in ("batch_fixed", "onpolicy")}
+
+    def student_fwd_bwd():
+        states["student"], metrics = student_step(states["student"], teacher_logits, batch)
+        _ready((states["student"], metrics))
+
+    def batch_fixed():
+        step = next(steps["batch_fixed"])
+        _ready(trainer._step_batch(data, step, loop, params, models, fixed, make_fixed, None)[0])
+
+    def kd_step_fixed():
+        states["fixed"], metrics = kd_step(states["fixed"], teacher_params, batch)
+        _ready((states["fixed"], metrics))
+
+    def kd_step_onpolicy():
+        state, step = states["onpolicy"], next(steps["onpolicy"])
+        step_batch, _ = trainer._step_batch(
+            data, step, loop, state.params, models, onpolicy, make_onpolicy, None
+        )
+        states["onpolicy"], metrics = kd_step(state, teacher_params, step_batch)
+        _ready((states["onpolicy"], metrics))
+
+    fns = {
+        "teacher_forward": lambda: _ready(teacher_forward(teacher_params, inputs)),
+        "student_fwd_bwd": student_fwd_bwd,
+        "packing": lambda: _ready(make_fixed(params, teacher_params, as_fixed, rng, present=())),
+        "sampling": lambda: _ready(
+            make_onpolicy(params, teacher_params, as_student, rng, present=(datagen.STUDENT,))
+        ),
+        "batch_fixed": batch_fixed,
+        "kd_step_fixed": kd_step_fixed,
+        "kd_step_onpolicy": kd_step_onpolicy,
+    }
+    _, seconds = interleaved_items(fns, [()], repeats, shape_of=lambda item: ())
+    ms = {f"{name}_ms": 1e3 * s for name, s in seconds.items()}
+    parts = ms["teacher_forward_ms"] + ms["student_fwd_bwd_ms"]
+    return {
+        **{k: round(v, 4) for k, v in ms.items()},
+        "kd_step_fixed_over_sum": round(ms["kd_step_fixed_ms"] / parts, 4),
+        "kd_step_onpolicy_over_sum": round(
+            ms["kd_step_onpolicy_ms"] / (parts + ms["sampling_ms"]), 4
+        ),
+        "sampled_tokens_per_row": round(sampled_tokens, 2),
+    }
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="write the record here too (a JSON object)")
+    parser.add_argument("--teacher", help=f"teacher checkpoint (default {QUICKSTART_TEACHER})")
+    parser.add_argument("--student", help=f"student checkpoint (default {QUICKSTART_STUDENT})")
+    parser.add_argument("--tiny", action="store_true", help="tiny random models (tests)")
+    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=20, help="interleaved calls of each fn")
+    parser.add_argument("--prompt_length", type=int, default=64)
+    parser.add_argument("--completion_length", type=int, default=64)
+    parser.add_argument("--task", default="stdlib_code")
+    parser.add_argument("--max_examples", type=int, default=256, help="examples read")
+    parser.add_argument("--vocabulary", help="tokenizer (default: the teacher checkpoint's)")
+    parser.add_argument("--vocab_size", type=int, help="as train.vocab_size")
+    parser.add_argument("--divergence", default="fkl", help=f"of {trainer.DIVERGENCES[:-1]}")
+    parser.add_argument("--optimizer", default="adamw", help=f"of {trainer.OPTIMIZERS}")
+    parser.add_argument("--temperature", type=float, default=1.0, help="on-policy sampling")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.tiny and (args.teacher or args.student):
+        parser.error("--tiny builds its own models: give it without --teacher / --student")
+    if args.divergence == "ce":
+        parser.error("--divergence: distillation needs a divergence against the teacher")
+    loss = trainer.LossConfig(divergence=args.divergence)
+    optimizer = trainer.OptimizerConfig(name=args.optimizer)
+    loop = trainer.LoopConfig(batch_size=args.batch_size, seed=args.seed)
+    teacher, teacher_params, student, params, tokenizer, description = load_pair(args)
+    vocab_size = _shared_vocab_size(student, teacher, args.vocab_size)
+    cut = lambda m: m if vocab_size is None else TruncatedVocabulary(m, vocab_size)
+    models = trainer.Models(cut(student), cut(teacher), teacher_params)
+    name = tasks.register_task(
+        args.task, tokenizer.vocabulary, inputs_eos=student.encoder_decoder,
+        bos_id=tokenizer.prompt_bos,
+    )  # fmt: skip
+    lengths = {"inputs": args.prompt_length, "targets": args.completion_length}
+    data = _example_store(
+        name, "train", lengths, args.max_examples, args.batch_size, tokenizer.prompt_bos
+    )
+    print(f"measuring {description}, batch {args.batch_size} ...", file=sys.stderr, flush=True)
+    timings = measure(models, params, data, tokenizer.eos_id, loop, loss, optimizer,
+                      args.repeats, args.temperature)  # fmt: skip
+    record = {
+        **timings,
+        "batch_size": args.batch_size,
+        "prompt_length": args.prompt_length,
+        "completion_length": args.completion_length,
+        "repeats": args.repeats,
+        "divergence": args.divergence,
+        "optimizer": args.optimizer,
+        "teacher_mb": round(megabytes(teacher_params), 2),
+        "student_mb": round(megabytes(params), 2),
+        "models": description,
+        "task": args.task,
+        "backend": jax.default_backend(),
+    }
+    return emit(record, args.json)
+
+
+if __name__ == "__main__":
+    main()
