@@ -170,6 +170,34 @@ def divergence(
     return _weighted_sum(per_token, weights)
 
 
+def topk_teacher_logits(log_probs: ArrayLike, ids: ArrayLike, vocab_size: int) -> jax.Array:
+    """The teacher's distribution from its top-k log-probabilities (`distillspec.teacher_cache`).
+
+    The k ids keep their exact probabilities p_1..p_k; the tail mass r = 1 - sum_i p_i (at
+    least 1e-12, so every id keeps a finite log-probability) is spread uniformly over the
+    other V - k ids. The result is normalised log-probabilities, usable as teacher logits by
+    every divergence; with k = V it is the teacher's distribution itself. For FKL the tail
+    contributes r * (log(r / (V - k)) - mean log q over the tail ids), so a small k biases only
+    where the teacher's tail is heavy.
+
+    Args:
+      log_probs: [..., k] the teacher's k largest log-probabilities; ids: [..., k] their ids
+        (distinct along the last axis).
+      vocab_size: V.
+
+    Returns:
+      [..., V] float32 log-probabilities.
+    """
+    log_probs = jnp.asarray(log_probs, jnp.float32)
+    k = log_probs.shape[-1]
+    if not 1 <= k <= vocab_size:
+        raise ValueError(f"top-k teacher: k = {k} must be in [1, vocab_size = {vocab_size}]")
+    tail = jnp.maximum(1.0 - jnp.sum(jnp.exp(log_probs), axis=-1), 1e-12)
+    tail = jnp.log(tail) - math.log(max(vocab_size - k, 1))
+    dense = jnp.broadcast_to(tail[..., None], (*log_probs.shape[:-1], vocab_size))
+    return jnp.put_along_axis(dense, jnp.asarray(ids, jnp.int32), log_probs, axis=-1, inplace=False)
+
+
 def cross_entropy(
     student_logits: ArrayLike, target_tokens: ArrayLike, weights: ArrayLike
 ) -> tuple[jax.Array, jax.Array]:

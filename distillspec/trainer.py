@@ -22,7 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from distillspec import checkpoints, datagen, distributed, losses, metrics, partitioning
+from distillspec import (
+    checkpoints,
+    datagen,
+    distributed,
+    losses,
+    metrics,
+    partitioning,
+    teacher_cache,
+)
 from distillspec.decoding import speculative_generate
 from distillspec.feature_converters import decodable, valid_rows
 from distillspec.sampling import SamplingConfig
@@ -128,7 +136,9 @@ def train_step(
       state: the student's TrainState (donated by the caller's jit).
       teacher_params: frozen teacher parameters, or None when pretraining ('ce', no teacher).
       batch: decoder_input_tokens [B, L] (+ encoder_input_tokens), targets [B, L],
-        weights [B, L] (1 on positions that predict a completion token).
+        weights [B, L] (1 on positions that predict a completion token); with the teacher's
+        cached top-k (`teacher_cache`: [B, L, k] log-probabilities and ids), these stand in
+        for the teacher's forward (`losses.topk_teacher_logits`).
       student, teacher: models with `logits(params, batch) -> [B, L, V]`.
       loss: the divergence (or 'ce').
       optimizer: the optax transformation whose state is in `state`.
@@ -139,7 +149,11 @@ def train_step(
     """
     inputs, weights = _model_inputs(batch), batch["weights"]
     teacher_logits = None
-    if teacher is not None:
+    if teacher_cache.LOG_PROBS in batch:  # A fixed-data step with the teacher's top-k cached.
+        teacher_logits = losses.topk_teacher_logits(
+            batch[teacher_cache.LOG_PROBS], batch[teacher_cache.IDS], teacher.vocab_size
+        )
+    elif teacher is not None:
         teacher_logits = jax.lax.stop_gradient(teacher.logits(teacher_params, inputs))
 
     def objective(params):
@@ -416,6 +430,14 @@ def _step_batch(data, step: int, loop: LoopConfig, params, models: Models, mixtu
     return batch, fractions
 
 
+def _with_cached_teacher(batch, topk, data: datagen.ShardedData, step: int, loop: LoopConfig):
+    """The fixed-data batch of `step` with its rows of the teacher's cached top-k."""
+    (store,) = data.stores.values()
+    indices = store.indices(loop.seed, step, loop.batch_size)
+    length = batch["decoder_input_tokens"].shape[1]
+    return {**batch, **topk.rows(indices, store.prompt_lengths[indices], length)}
+
+
 class _NoLogger:
     """What processes other than 0 log to: nothing."""
 
@@ -443,6 +465,7 @@ def fit(
     evaluation: EvalConfig = EvalConfig(),
     eval_prompts=(),
     eval_max_new_tokens: int = 64,
+    teacher_topk: teacher_cache.TeacherTopK | None = None,
 ):
     """Trains the student from `params`, or resumes from MODEL_DIR's latest checkpoint.
 
@@ -454,7 +477,9 @@ def fit(
 
     With `evaluation.enabled` (one process, one device, a teacher), the student is also
     evaluated as a draft on `eval_prompts` (prompt batches) every `evaluation.period` steps,
-    generating up to `eval_max_new_tokens` tokens (see `EvalConfig`).
+    generating up to `eval_max_new_tokens` tokens (see `EvalConfig`). With `teacher_topk`
+    (one process, one data shard), steps whose every row is fixed data read the teacher's
+    cached top-k instead of running the teacher (`teacher_cache`).
 
     Returns:
       The student's final parameters.
@@ -491,6 +516,8 @@ def fit(
                 batch, fractions = _step_batch(
                     data, step, loop, state.params, models, mixture, make_batch, mesh
                 )
+                if teacher_topk is not None and fractions["data_dataset"] == 1.0:
+                    batch = _with_cached_teacher(batch, teacher_topk, data, step, loop)
                 state, step_metrics = step_fn(state, models.teacher_params, batch)
                 record = host_metrics(step_metrics, schedule(step), timer.lap())
                 record.update(fractions)

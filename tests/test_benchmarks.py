@@ -113,7 +113,8 @@ TRAIN_STEP_TIMES = (
 def test_train_step_benchmark_reports_every_part_of_the_step(tmp_path):
     out = tmp_path / "train_step.json"
     flags = ["--tiny", "--repeats", "3", "--batch_size", "4", "--prompt_length", "16",
-             "--completion_length", "8", "--max_examples", "16", "--json", str(out)]  # fmt: skip
+             "--completion_length", "8", "--max_examples", "16", "--json", str(out),
+             "--teacher_top_k", "5"]  # fmt: skip
     record = step_bench.main(flags)
     assert json.loads(out.read_text()) == record
     ratios = ("kd_step_fixed_over_sum", "kd_step_onpolicy_over_sum")
@@ -128,6 +129,10 @@ def test_train_step_benchmark_reports_every_part_of_the_step(tmp_path):
     )
     assert (record["batch_size"], record["prompt_length"], record["repeats"]) == (4, 16, 3)
     assert 0 < record["sampled_tokens_per_row"] <= 8
+    assert record["teacher_top_k"] == 5 and record["kd_step_fixed_cached_ms"] > 0
+    assert record["teacher_cache_saving"] == pytest.approx(
+        record["kd_step_fixed_ms"] / record["kd_step_fixed_cached_ms"], rel=1e-2
+    )
 
 
 def test_train_step_benchmark_names_the_flags_when_the_quickstart_pair_is_missing(

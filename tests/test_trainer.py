@@ -643,3 +643,57 @@ def test_periodic_evaluation_needs_a_teacher(tmp_path):
             str(tmp_path / "run"), student=DecoderOnlyLM(TransformerConfig(vocab_size=260)),
             vocabulary="byte", evaluation=trainer.EvalConfig(period=5),
         )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# The teacher's top-k cache on fixed data.
+
+
+def test_topk_teacher_logits_keep_the_top_k_and_spread_the_tail():
+    from distillspec import losses
+
+    logits = jax.random.normal(jax.random.PRNGKey(3), (2, 3, 11)) * 2
+    log_p = jax.nn.log_softmax(logits)
+    values, ids = jax.lax.top_k(log_p, 4)
+    dense = np.asarray(losses.topk_teacher_logits(values, ids, 11))
+    np.testing.assert_allclose(np.exp(dense).sum(-1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(np.take_along_axis(dense, np.asarray(ids), -1), values, rtol=1e-6)
+    tail = 1 - np.exp(np.asarray(values)).sum(-1)
+    others = np.ones((2, 3, 11), bool)
+    np.put_along_axis(others, np.asarray(ids), False, -1)
+    np.testing.assert_allclose(
+        np.exp(dense)[others].reshape(2, 3, 7), np.repeat(tail[..., None] / 7, 7, -1), rtol=1e-5
+    )
+    full_values, full_ids = jax.lax.top_k(log_p, 11)  # k = V: the distribution itself
+    np.testing.assert_allclose(losses.topk_teacher_logits(full_values, full_ids, 11), log_p,
+                               atol=1e-6)  # fmt: skip
+
+
+def test_teacher_topk_cache_with_k_equal_v_trains_exactly_like_the_teacher(tmp_path):
+    fixed = ("DataMixture.fixed_data_fraction = 1.0",)
+    _train(tmp_path / "plain", *fixed)
+    gin.clear_config()
+    cache = tmp_path / "topk"
+    cached = (*fixed, "train.teacher_top_k = 260", f"train.teacher_cache_dir = {str(cache)!r}")
+    _train(tmp_path / "cached", *cached)
+    (written,) = os.listdir(cache)
+    plain, with_cache = _losses(tmp_path / "plain"), _losses(tmp_path / "cached")
+    assert plain.keys() == with_cache.keys()
+    for step in plain:
+        assert with_cache[step] == pytest.approx(plain[step], rel=1e-4, abs=1e-6), step
+    # A second run reuses the cache file; a smaller k approximates the teacher.
+    mtime = (cache / written).stat().st_mtime_ns
+    gin.clear_config()
+    _train(tmp_path / "again", *cached)
+    assert (cache / written).stat().st_mtime_ns == mtime and os.listdir(cache) == [written]
+    gin.clear_config()
+    _train(tmp_path / "small", *fixed, "train.teacher_top_k = 4",
+           f"train.teacher_cache_dir = {str(cache)!r}")  # fmt: skip
+    assert len(os.listdir(cache)) == 2
+    small = _losses(tmp_path / "small")
+    assert all(np.isfinite(v) for v in small.values()) and small != plain
+
+
+def test_teacher_topk_cache_needs_fixed_data(tmp_path):
+    with pytest.raises(ValueError, match=r"teacher_top_k = 8 .*\(lambda1\) = 0"):
+        _train(tmp_path / "run", "train.teacher_top_k = 8")

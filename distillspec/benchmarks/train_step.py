@@ -26,7 +26,11 @@ the medians over repeats in ms per step; each call ends with its outputs ready o
   kd_step_fixed_over_sum      kd_step_fixed_ms / (teacher_forward_ms + student_fwd_bwd_ms): the
                         full step's overhead over its two parts (the project's goal: <= 1.10);
   kd_step_onpolicy_over_sum   kd_step_onpolicy_ms / (teacher_forward_ms + student_fwd_bwd_ms +
-                        sampling_ms): the same for an on-policy step, sampling included.
+                        sampling_ms): the same for an on-policy step, sampling included;
+  kd_step_fixed_cached_ms     with --teacher_top_k K: the fixed-data step reading the teacher's
+                        cached top-K (`distillspec.teacher_cache`) instead of running the teacher:
+                        the batch's rows of the cache assembled on the host, then the step;
+  teacher_cache_saving        kd_step_fixed_ms / kd_step_fixed_cached_ms.
 The two timed train steps each feed their returned (donated) state back in, so parameters and
 optimizer state evolve as in training. Ratios are of the reported medians; absolute times are
 context only (they depend on the machine and its load). Also reported: the shapes, the models'
@@ -52,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec import datagen, tasks, trainer
+from distillspec import datagen, tasks, teacher_cache, trainer
 from distillspec.benchmarks import emit
 from distillspec.evaluation.timing import interleaved_items, megabytes
 from distillspec.models import DecoderOnlyLM, TransformerConfig, load_checkpoint
@@ -121,6 +125,7 @@ def measure(
     optimizer_config: trainer.OptimizerConfig,
     repeats: int,
     temperature: float = 1.0,
+    teacher_top_k: int = 0,
 ) -> dict:
     """The interleaved timings of the module docstring -> the record's timing fields."""
     optimizer = trainer.make_optimizer(optimizer_config, TRAIN_STEPS)
@@ -147,7 +152,7 @@ def measure(
 
     student_step = trainer.compile_train_step(models.student, PrecomputedTeacher(), loss, optimizer)
     kd_step = trainer.compile_train_step(models.student, models.teacher, loss, optimizer)
-    chains = ("student", "fixed", "onpolicy")
+    chains = ("student", "fixed", "onpolicy", "cached")
     states = {name: trainer.init_state(copy(params), optimizer) for name in chains}
     steps = {name: itertools.count() for name in ("batch_fixed", "onpolicy")}
 
@@ -171,6 +176,20 @@ def measure(
         states["onpolicy"], metrics = kd_step(state, teacher_params, step_batch)
         _ready((states["onpolicy"], metrics))
 
+    if teacher_top_k:
+        rows = datagen.ExampleStore(
+            local["prompt_tokens"], local["prompt_lengths"], local["completion_tokens"],
+            local["completion_lengths"],
+        )  # fmt: skip
+        topk = teacher_cache._compute(models.teacher, teacher_params, rows, teacher_top_k)
+        length = batch["decoder_input_tokens"].shape[1]
+
+        def kd_step_fixed_cached():
+            indices = np.arange(loop.batch_size)
+            cached = {**batch, **topk.rows(indices, local["prompt_lengths"], length)}
+            states["cached"], metrics = kd_step(states["cached"], teacher_params, cached)
+            _ready((states["cached"], metrics))
+
     fns = {
         "teacher_forward": lambda: _ready(teacher_forward(teacher_params, inputs)),
         "student_fwd_bwd": student_fwd_bwd,
@@ -182,10 +201,19 @@ def measure(
         "kd_step_fixed": kd_step_fixed,
         "kd_step_onpolicy": kd_step_onpolicy,
     }
+    if teacher_top_k:
+        fns["kd_step_fixed_cached"] = kd_step_fixed_cached
     _, seconds = interleaved_items(fns, [()], repeats, shape_of=lambda item: ())
     ms = {f"{name}_ms": 1e3 * s for name, s in seconds.items()}
     parts = ms["teacher_forward_ms"] + ms["student_fwd_bwd_ms"]
+    extra = {}
+    if teacher_top_k:
+        extra["teacher_cache_saving"] = round(
+            ms["kd_step_fixed_ms"] / ms["kd_step_fixed_cached_ms"], 4
+        )
+        extra["teacher_top_k"] = teacher_top_k
     return {
+        **extra,
         **{k: round(v, 4) for k, v in ms.items()},
         "kd_step_fixed_over_sum": round(ms["kd_step_fixed_ms"] / parts, 4),
         "kd_step_onpolicy_over_sum": round(
@@ -213,6 +241,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--optimizer", default="adamw", help=f"of {trainer.OPTIMIZERS}")
     parser.add_argument("--temperature", type=float, default=1.0, help="on-policy sampling")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--teacher_top_k",
+        type=int,
+        default=0,
+        help="also time the fixed-data step with the teacher's top-k cached",
+    )
     args = parser.parse_args(argv)
     if args.tiny and (args.teacher or args.student):
         parser.error("--tiny builds its own models: give it without --teacher / --student")
@@ -235,7 +269,7 @@ def main(argv=None) -> dict:
     )
     print(f"measuring {description}, batch {args.batch_size} ...", file=sys.stderr, flush=True)
     timings = measure(models, params, data, tokenizer.eos_id, loop, loss, optimizer,
-                      args.repeats, args.temperature)  # fmt: skip
+                      args.repeats, args.temperature, args.teacher_top_k)  # fmt: skip
     record = {
         **timings,
         "batch_size": args.batch_size,

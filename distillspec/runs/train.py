@@ -28,7 +28,15 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
-from distillspec import checkpoints, datagen, distributed, partitioning, tasks, trainer
+from distillspec import (
+    checkpoints,
+    datagen,
+    distributed,
+    partitioning,
+    tasks,
+    teacher_cache,
+    trainer,
+)
 from distillspec.feature_converters import prompt_batches, valid_rows
 from distillspec.models import load_checkpoint
 from distillspec.models.base import TruncatedVocabulary
@@ -157,6 +165,24 @@ def _check_evaluation(evaluation: trainer.EvalConfig, multi: bool, teacher, chec
         )
 
 
+def _check_teacher_top_k(top_k, multi: bool, teacher, checkpoint, mixture) -> None:
+    if not top_k:
+        return
+    if teacher is None and checkpoint is None:
+        raise ValueError(f"train.teacher_top_k = {top_k} caches a teacher, but there is none")
+    if multi:
+        raise ValueError(
+            f"train.teacher_top_k = {top_k}: the teacher cache works in one process on one "
+            "device (train.mesh_shape = (1, 1)); set train.teacher_top_k = 0"
+        )
+    if mixture.fixed_data_fraction == 0:
+        raise ValueError(
+            f"train.teacher_top_k = {top_k} caches the teacher on the fixed data, but "
+            "DataMixture.fixed_data_fraction (lambda1) = 0: no step would read it; set "
+            "train.teacher_top_k = 0"
+        )
+
+
 def _eval_prompts(task: str, evaluation: trainer.EvalConfig, lengths, bos_id) -> list[dict]:
     """The first evaluation.num_prompts prompts of the task's evaluation.split, in batches of
     up to 16 (fails here, before training, on a split the task lacks)."""
@@ -245,6 +271,8 @@ def train(
     optimizer: trainer.OptimizerConfig = trainer.OptimizerConfig(),
     mixture: datagen.DataMixture = datagen.DataMixture(fixed_data_fraction=1.0),
     evaluation: trainer.EvalConfig = trainer.EvalConfig(),
+    teacher_top_k: int = 0,
+    teacher_cache_dir: str | None = None,
     mesh_shape: tuple[int, int] = (1, 1),
     fsdp: bool = False,
     vocabulary: str | None = None,
@@ -270,6 +298,10 @@ def train(
       evaluation: periodic evaluation of the student as a draft for the teacher (alpha and tau
         on held-out prompts of the task's `evaluation.split`, in metrics.jsonl and TensorBoard;
         `trainer.EvalConfig`); distillation in one process on one device only.
+      teacher_top_k: k > 0 caches the teacher's k largest log-probabilities on the fixed data
+        (`distillspec.teacher_cache`, in teacher_cache_dir, default <cache>/teacher_topk), so
+        that fixed-data steps skip the teacher's forward; exact for k = the vocabulary size,
+        else the tail approximation of `losses.topk_teacher_logits`. One process, one device.
       mesh_shape: (data, model) device mesh over every process's devices; (1, 1) runs on one
         device.
       fsdp: also split the teacher's, the student's and the optimizer state's parameters
@@ -298,6 +330,7 @@ def train(
     check_special_tokens({"teacher": teacher_checkpoint, "student": student_checkpoint})
     multi = tuple(mesh_shape) != (1, 1) or jax.process_count() > 1
     _check_evaluation(evaluation, multi, teacher, teacher_checkpoint)
+    _check_teacher_top_k(teacher_top_k, multi, teacher, teacher_checkpoint, mixture)
     mesh = partitioning.make_mesh(*mesh_shape) if multi else None
     rules = partitioning.param_rules(fsdp)
     teacher_model, teacher_params = _load_teacher(
@@ -324,11 +357,16 @@ def train(
         eval_prompts = _eval_prompts(name, evaluation, task_feature_lengths, tokenizer.prompt_bos)
     cut = lambda m: m if m is None or vocab_size is None else TruncatedVocabulary(m, vocab_size)
     models = trainer.Models(cut(student_model), cut(teacher_model), teacher_params)
+    topk = None
+    if teacher_top_k:
+        topk = teacher_cache.load_or_compute(
+            models.teacher, teacher_params, data.stores[0], teacher_top_k, teacher_cache_dir
+        )
     params = trainer.fit(
         model_dir, models, params, data, loop, loss, optimizer,
         mixture=mixture, eos_id=tokenizer.eos_id, mesh=mesh, rules=rules, console=console,
         evaluation=evaluation, eval_prompts=eval_prompts,
-        eval_max_new_tokens=task_feature_lengths["targets"],
+        eval_max_new_tokens=task_feature_lengths["targets"], teacher_topk=topk,
     )  # fmt: skip
     _export(student_model, params, tokenizer, model_dir)
     return params
