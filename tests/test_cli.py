@@ -187,3 +187,20 @@ def test_study_rejects_unknown_cells_naming_the_valid_ones(tiny_quickstart, tmp_
         _study(tmp_path / "s", "--gin.study.divergences=['kl']")
     with pytest.raises(ValueError, match=r"study.data_sources: 'on-policy' is not one of"):
         _study(tmp_path / "s", "--gin.study.data_sources=['on-policy']")
+
+
+def test_study_on_your_own_prompts_only_data_names_the_cells_it_cannot_run(
+    tiny_quickstart, tmp_path
+):
+    """Your target and draft and a prompts-only JSONL: the fixed-data cells are refused before
+    anything trains, naming them and the settings that drop them."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(40)))
+    exports = tiny_quickstart[0]
+    with pytest.raises(ValueError, match=r"holds prompts only, so the cells \['fkl-fixed-s0'"):
+        _study(
+            tmp_path / "s", f"--gin.study.target_checkpoint='{exports / 'target' / 'export'}'",
+            f"--gin.study.draft_checkpoint='{exports / 'draft' / 'export'}'",
+            f"--gin.train.task='{data}'", f"--gin.study.eval_set=('{data}', 'test')",
+        )  # fmt: skip
+    assert not (tmp_path / "s" / "cells").exists()

@@ -296,6 +296,7 @@ def study(
                     distill["mixture"], fixed_data_fraction=lambda1, student_data_fraction=lambda2
                 ),
                 loop=dataclasses.replace(distill["loop"], seed=cell.seed),
+                tfds_data_dir=tfds_data_dir or distill["tfds_data_dir"],
             )  # fmt: skip
             draft, params = load_checkpoint(os.path.join(model_dir, "export"))
             new = evaluate(cell.name, draft, params, cell.fields())
@@ -308,7 +309,8 @@ def study(
         print(
             f"[study {i + 1}/{len(cells)}] {cell.name}: tau "
             + ", ".join(f"T={t:g} {v:.3f}" for t, v in taus.items())
-            + f"; {_eta(started, trained, len(cells) - i - 1)}",
+            + f"; {_eta(started, trained, len(cells) - i - 1)}"
+            + (" (then the lenience sweep)" if lenience_cell is not None else ""),
             file=sys.stderr, flush=True,
         )  # fmt: skip
     if lenience_cell is not None:
