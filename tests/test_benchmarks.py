@@ -28,7 +28,8 @@ NEW_KEYS = (
 def test_measure_reports_its_dtype_and_stays_exact(dtype):
     model, params = tiny_lm(32)
     pair = bench.in_dtype((model, params, model, perturbed(params, 0.05, seed=1), "tiny"), dtype)
-    record = bench.measure(pair, gamma=2, batch=1, max_new_tokens=8, prompt_len=4, repeats=1)
+    prompts = bench.random_prompts(32, 1, 4)
+    record = bench.measure(pair, gamma=2, batch=1, max_new_tokens=8, prompts=prompts, repeats=1)
     assert record["dtype"] == dtype
     assert record["exact_greedy"] and record["speedup"] > 0
 
@@ -36,7 +37,8 @@ def test_measure_reports_its_dtype_and_stays_exact(dtype):
 def test_measure_reports_the_in_context_cost_model():
     model, params = tiny_lm(32)
     pair = (model, params, model, perturbed(params, 0.05, seed=1), "tiny")
-    record = bench.measure(pair, gamma=2, batch=2, max_new_tokens=16, prompt_len=4, repeats=3)
+    prompts = bench.random_prompts(32, 2, 4)
+    record = bench.measure(pair, gamma=2, batch=2, max_new_tokens=16, prompts=prompts, repeats=3)
     missing = [key for key in NEW_KEYS if key not in record]
     assert not missing, missing
     assert all(math.isfinite(record[key]) for key in NEW_KEYS)

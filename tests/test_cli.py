@@ -204,3 +204,17 @@ def test_study_on_your_own_prompts_only_data_names_the_cells_it_cannot_run(
             f"--gin.train.task='{data}'", f"--gin.study.eval_set=('{data}', 'test')",
         )  # fmt: skip
     assert not (tmp_path / "s" / "cells").exists()
+
+
+def test_speculative_benchmark_on_your_own_checkpoints(tiny_quickstart, tmp_path):
+    from distillspec.benchmarks import speculative
+
+    exports = tiny_quickstart[0]
+    (record,) = speculative.main([
+        "--target", str(exports / "target" / "export"), "--draft",
+        str(exports / "distilled" / "export"), "--vocabulary", "byte", "--batch", "2",
+        "--gamma", "2", "--max_new_tokens", "8", "--prompt_length", "16", "--repeats", "5",
+        "--json", str(tmp_path / "out.json"),
+    ])  # fmt: skip
+    assert record["batch"] == 2 and record["exact_greedy"] and record["efficiency"] > 0
+    assert "target " in record["pair"] and record["prompt_length"] == 16

@@ -1,6 +1,8 @@
 """Speculative versus plain decoding on a reference pair, judged against the ideal speed-up.
 
-    python -m distillspec.benchmarks.speculative --json OUT.json
+    python -m distillspec.benchmarks.speculative --json OUT.json [--dtype float32 bfloat16]
+    python -m distillspec.benchmarks.speculative --target runs/quickstart/target/export \
+        --draft runs/quickstart/distilled/export --json OUT.json    # your pair, task prompts
 
 Measures in one process, with compilation excluded and the plain runs, the speculative runs and
 the call timers below interleaved (one of each per repeat), one record per (dtype, batch):
@@ -32,6 +34,10 @@ the call timers below interleaved (one of each per repeat), one record per (dtyp
 Ratios are medians over the interleaved repeats; absolute times are context only. `--dtype`
 decodes in 'float32' or 'bfloat16' (parameters and activations; logits stay float32), or in
 both, one record each; each record names its dtype.
+
+With --target and --draft (checkpoint directories), the pair is yours and the prompts are the
+first B prompts of --task's --split (default the embedded stdlib_code test split), tokenised
+with the target's tokenizer; the records are the same.
 
 The reference pair (see `reference_pair`): a Llama-style target of >= 50 MB float32 weights, so
 that a decode step on a CPU is memory-bound, and an early-exit draft made of the target's own
@@ -164,12 +170,46 @@ def modeled_ms_per_token(out: DecodeResult, gamma: int, costs: Mapping[str, floa
     return modeled_latency_ms(policy, histogram, draft_calls, int(out.lengths.sum()), model)
 
 
-def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompt_len: int, repeats: int):
-    """One configuration: interleaved plain / speculative runs and call timers -> a record."""
-    target, target_params, draft, draft_params, description = pair
+def random_prompts(vocab_size: int, batch: int, prompt_len: int):
+    """[batch, prompt_len] random ids (the reference pair's prompts) and their lengths."""
     rng = np.random.default_rng(batch)
-    prompts = rng.integers(1, target.vocab_size, (batch, prompt_len)).astype(np.int32)
-    lengths = np.full((batch,), prompt_len, np.int32)
+    prompts = rng.integers(1, vocab_size, (batch, prompt_len)).astype(np.int32)
+    return prompts, np.full((batch,), prompt_len, np.int32)
+
+
+def task_prompts(
+    checkpoint: str, task: str, split: str, batch: int, prompt_len: int, vocabulary=None
+):
+    """The first `batch` prompts of a task's split, tokenised with the checkpoint's tokenizer
+    (right-padded to prompt_len) and their lengths."""
+    from distillspec import tasks
+    from distillspec.runs.common import prompt_sets
+    from distillspec.vocabularies import load_tokenizer
+
+    tokenizer = load_tokenizer(vocabulary, checkpoint)
+    name = tasks.register_task(task, tokenizer.vocabulary, bos_id=tokenizer.prompt_bos)
+    lengths = {"inputs": prompt_len, "targets": 1}
+    (first, *_) = prompt_sets([(name, split)], lengths, batch, batch, tokenizer.prompt_bos)[
+        (name, split)
+    ]
+    return np.asarray(first["prompt_tokens"], np.int32), np.asarray(first["prompt_lengths"])
+
+
+def checkpoint_pair(target_dir: str, draft_dir: str):
+    """(target, params, draft, params, description) of two checkpoint directories."""
+    from distillspec.models import load_checkpoint
+
+    return (*load_checkpoint(target_dir), *load_checkpoint(draft_dir),
+            f"target {target_dir}, draft {draft_dir}")  # fmt: skip
+
+
+def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats: int):
+    """One configuration: interleaved plain / speculative runs and call timers -> a record.
+
+    prompts: (tokens [batch, P], lengths [batch]) (`random_prompts`, `task_prompts`)."""
+    target, target_params, draft, draft_params, description = pair
+    prompts, lengths = prompts
+    prompt_len = int(prompts.shape[1])
     plain = lambda: generate(target, target_params, prompts, lengths, max_new_tokens=max_new_tokens)
     spec = lambda: speculative_generate(
         target, draft, target_params, draft_params, prompts, lengths,
@@ -243,6 +283,11 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved pairs of runs (>= 5)")
     parser.add_argument("--draft_layers", type=int, default=1)
     parser.add_argument("--deep_residual_scale", type=float, default=0.1)
+    parser.add_argument("--target", help="a target checkpoint instead of the reference pair")
+    parser.add_argument("--draft", help="its draft checkpoint (with --target)")
+    parser.add_argument("--task", default="stdlib_code", help="prompts for --target (task)")
+    parser.add_argument("--split", default="test", help="prompts for --target (split)")
+    parser.add_argument("--vocabulary", help="tokenizer (default: the --target checkpoint's)")
     parser.add_argument(
         "--dtype",
         nargs="+",
@@ -255,7 +300,16 @@ def main(argv=None) -> list[dict]:
             check_decode_dtype(dtype)
         except ValueError as e:
             parser.error(f"--dtype: {e}")
-    pair = reference_pair(args.draft_layers, args.deep_residual_scale)
+    if (args.target is None) != (args.draft is None):
+        parser.error("--target and --draft go together (two checkpoint directories)")
+    if args.target:
+        pair = checkpoint_pair(args.target, args.draft)
+        prompts = lambda batch: task_prompts(
+            args.target, args.task, args.split, batch, args.prompt_length, args.vocabulary
+        )
+    else:
+        pair = reference_pair(args.draft_layers, args.deep_residual_scale)
+        prompts = lambda batch: random_prompts(pair[0].vocab_size, batch, args.prompt_length)
     records = []
     for dtype in args.dtype:
         decoding_pair = in_dtype(pair, dtype)
@@ -267,7 +321,7 @@ def main(argv=None) -> list[dict]:
                     args.gamma,
                     batch,
                     args.max_new_tokens,
-                    args.prompt_length,
+                    prompts(batch),
                     args.repeats,
                 )  # fmt: skip
             )
