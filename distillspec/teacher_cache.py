@@ -64,7 +64,7 @@ def _key(teacher, teacher_params, store: datagen.ExampleStore, top_k: int) -> st
     return digest.hexdigest()[:24]
 
 
-def _compute(teacher, teacher_params, store, top_k: int, batch_size: int = 32) -> TeacherTopK:
+def compute(teacher, teacher_params, store, top_k: int, batch_size: int = 32) -> TeacherTopK:
     pack = datagen.pack_for(teacher)
     n = store.completions.shape[1]
 
@@ -112,7 +112,7 @@ def load_or_compute(
             return TeacherTopK(f["log_probs"], f["ids"], bool(f["encoder_decoder"]))
     print(f"[train] caching the teacher's top-{top_k} log-probabilities on {len(store)} "
           f"examples in {path}", file=sys.stderr, flush=True)  # fmt: skip
-    cached = _compute(teacher, teacher_params, store, top_k)
+    cached = compute(teacher, teacher_params, store, top_k)
     os.makedirs(directory, exist_ok=True)
     tmp = path + f".tmp{os.getpid()}.npz"
     np.savez(tmp, log_probs=cached.log_probs, ids=cached.ids,

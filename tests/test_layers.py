@@ -1,6 +1,6 @@
 """The package's layering (GUIDE.md §1), checked on the source with `ast`.
 
-library < evaluation/ < disco/ < runs/ < gin glue and entry points (and benchmarks): a module
+library < evaluation/ < disco/ < runs/ < study/ < gin glue and entry points (and benchmarks): a module
 imports only from its own layer or those below; only the top imports gin; nothing imports a
 benchmark; the import graph has no cycle (imports inside functions count too). Also the size
 budgets: no module over ~600 lines, no function over ~100.
@@ -12,8 +12,10 @@ import ast
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "distillspec"
-TOP_MODULES = {"gin_setup", "train", "evaluate", "quickstart", "disco.__main__", "convert"}
-LAYERS = ("library", "evaluation", "disco", "runs", "top")
+TOP_MODULES = {
+    "gin_setup", "train", "evaluate", "quickstart", "disco.__main__", "study.__main__", "convert",
+}  # fmt: skip
+LAYERS = ("library", "evaluation", "disco", "runs", "study", "top")
 MAX_MODULE_LINES = 620
 MAX_FUNCTION_LINES = 100
 
@@ -36,7 +38,7 @@ def _layer(name: str) -> str:
     if name in TOP_MODULES or name.startswith("benchmarks"):
         return "top"
     head = name.split(".")[0]
-    return head if head in ("evaluation", "disco", "runs") else "library"
+    return head if head in ("evaluation", "disco", "runs", "study") else "library"
 
 
 def _imports(path: pathlib.Path) -> set[str]:

@@ -41,7 +41,7 @@ The models: --teacher and --student checkpoint directories (default: the quickst
 runs/quickstart/target/export and runs/quickstart/draft/export), or --tiny: the randomly
 initialised teacher and student of configs/tests/tiny_distill.gin, built in-process with the
 'byte' tokenizer (for tests). The data: the --task's train split (default the embedded
-`stdlib_code`) read as the trainer reads it (`runs.train._example_store`, the first
+`stdlib_code`) read as the trainer reads it (`runs.train.example_store`, the first
 --max_examples examples), with the teacher checkpoint's tokenizer.
 """
 
@@ -61,7 +61,7 @@ from distillspec.benchmarks import emit
 from distillspec.evaluation.timing import interleaved_items, megabytes
 from distillspec.models import DecoderOnlyLM, TransformerConfig, load_checkpoint
 from distillspec.models.base import TruncatedVocabulary
-from distillspec.runs.train import _example_store, _shared_vocab_size
+from distillspec.runs.train import common_vocab_size, example_store
 from distillspec.vocabularies import load_tokenizer
 
 QUICKSTART_TEACHER = os.path.join("runs", "quickstart", "target", "export")
@@ -115,6 +115,25 @@ def _ready(tree) -> None:
     jax.block_until_ready(tree)
 
 
+def _cached_step(models, local, batch, top_k: int, step, state):
+    """The fixed-data step reading the teacher's top-k (computed here for the batch's rows, as
+    `teacher_cache` computes it for a split): the rows assembled on the host, then the step."""
+    rows = datagen.ExampleStore(
+        local["prompt_tokens"], local["prompt_lengths"], local["completion_tokens"],
+        local["completion_lengths"],
+    )  # fmt: skip
+    topk = teacher_cache.compute(models.teacher, models.teacher_params, rows, top_k)
+    indices, length = np.arange(len(rows)), batch["decoder_input_tokens"].shape[1]
+    states = [state]
+
+    def run():
+        cached = {**batch, **topk.rows(indices, local["prompt_lengths"], length)}
+        states[0], metrics = step(states[0], cached)
+        _ready((states[0], metrics))
+
+    return run
+
+
 def measure(
     models: trainer.Models,
     params,
@@ -152,7 +171,7 @@ def measure(
 
     student_step = trainer.compile_train_step(models.student, PrecomputedTeacher(), loss, optimizer)
     kd_step = trainer.compile_train_step(models.student, models.teacher, loss, optimizer)
-    chains = ("student", "fixed", "onpolicy", "cached")
+    chains = ("student", "fixed", "onpolicy")
     states = {name: trainer.init_state(copy(params), optimizer) for name in chains}
     steps = {name: itertools.count() for name in ("batch_fixed", "onpolicy")}
 
@@ -176,20 +195,6 @@ def measure(
         states["onpolicy"], metrics = kd_step(state, teacher_params, step_batch)
         _ready((states["onpolicy"], metrics))
 
-    if teacher_top_k:
-        rows = datagen.ExampleStore(
-            local["prompt_tokens"], local["prompt_lengths"], local["completion_tokens"],
-            local["completion_lengths"],
-        )  # fmt: skip
-        topk = teacher_cache._compute(models.teacher, teacher_params, rows, teacher_top_k)
-        length = batch["decoder_input_tokens"].shape[1]
-
-        def kd_step_fixed_cached():
-            indices = np.arange(loop.batch_size)
-            cached = {**batch, **topk.rows(indices, local["prompt_lengths"], length)}
-            states["cached"], metrics = kd_step(states["cached"], teacher_params, cached)
-            _ready((states["cached"], metrics))
-
     fns = {
         "teacher_forward": lambda: _ready(teacher_forward(teacher_params, inputs)),
         "student_fwd_bwd": student_fwd_bwd,
@@ -202,7 +207,10 @@ def measure(
         "kd_step_onpolicy": kd_step_onpolicy,
     }
     if teacher_top_k:
-        fns["kd_step_fixed_cached"] = kd_step_fixed_cached
+        fns["kd_step_fixed_cached"] = _cached_step(
+            models, local, batch, teacher_top_k, lambda s, b: kd_step(s, teacher_params, b),
+            trainer.init_state(copy(params), optimizer),
+        )  # fmt: skip
     _, seconds = interleaved_items(fns, [()], repeats, shape_of=lambda item: ())
     ms = {f"{name}_ms": 1e3 * s for name, s in seconds.items()}
     parts = ms["teacher_forward_ms"] + ms["student_fwd_bwd_ms"]
@@ -256,7 +264,7 @@ def main(argv=None) -> dict:
     optimizer = trainer.OptimizerConfig(name=args.optimizer)
     loop = trainer.LoopConfig(batch_size=args.batch_size, seed=args.seed)
     teacher, teacher_params, student, params, tokenizer, description = load_pair(args)
-    vocab_size = _shared_vocab_size(student, teacher, args.vocab_size)
+    vocab_size = common_vocab_size(student, teacher, args.vocab_size)
     cut = lambda m: m if vocab_size is None else TruncatedVocabulary(m, vocab_size)
     models = trainer.Models(cut(student), cut(teacher), teacher_params)
     name = tasks.register_task(
@@ -264,7 +272,7 @@ def main(argv=None) -> dict:
         bos_id=tokenizer.prompt_bos,
     )  # fmt: skip
     lengths = {"inputs": args.prompt_length, "targets": args.completion_length}
-    data = _example_store(
+    data = example_store(
         name, "train", lengths, args.max_examples, args.batch_size, tokenizer.prompt_bos
     )
     print(f"measuring {description}, batch {args.batch_size} ...", file=sys.stderr, flush=True)

@@ -98,7 +98,7 @@ def _check_data(task, mixture: datagen.DataMixture) -> None:
         )
 
 
-def _shared_vocab_size(student, teacher, vocab_size: int | None) -> int | None:
+def common_vocab_size(student, teacher, vocab_size: int | None) -> int | None:
     """The logit width both models are compared over (None: their own, equal, size)."""
     if teacher is None or vocab_size is not None:
         return vocab_size
@@ -149,10 +149,16 @@ def _check_run_args(max_examples, loop: trainer.LoopConfig, mesh_shape) -> None:
         )
 
 
-def _check_evaluation(evaluation: trainer.EvalConfig, multi: bool, teacher, checkpoint) -> None:
+def _check_extras(evaluation: trainer.EvalConfig, top_k: int, multi: bool, teacher, mixture):
+    """Periodic evaluation and the teacher cache need a teacher and one device."""
+    _check_evaluation(evaluation, multi, teacher)
+    _check_teacher_top_k(top_k, multi, teacher, mixture)
+
+
+def _check_evaluation(evaluation: trainer.EvalConfig, multi: bool, teacher) -> None:
     if not evaluation.enabled:
         return
-    if teacher is None and checkpoint is None:
+    if teacher is None:
         raise ValueError(
             f"EvalConfig.period = {evaluation.period} evaluates the student as a draft for the "
             "teacher, but this run has no teacher (pretraining): set EvalConfig.period = 0"
@@ -165,10 +171,10 @@ def _check_evaluation(evaluation: trainer.EvalConfig, multi: bool, teacher, chec
         )
 
 
-def _check_teacher_top_k(top_k, multi: bool, teacher, checkpoint, mixture) -> None:
+def _check_teacher_top_k(top_k, multi: bool, teacher, mixture) -> None:
     if not top_k:
         return
-    if teacher is None and checkpoint is None:
+    if teacher is None:
         raise ValueError(f"train.teacher_top_k = {top_k} caches a teacher, but there is none")
     if multi:
         raise ValueError(
@@ -183,9 +189,21 @@ def _check_teacher_top_k(top_k, multi: bool, teacher, checkpoint, mixture) -> No
         )
 
 
+def _teacher_topk(top_k: int, models: trainer.Models, data, cache_dir):
+    """The teacher's cached top-k on this process's one data shard, or None for top_k = 0."""
+    if not top_k:
+        return None
+    (store,) = data.stores.values()
+    return teacher_cache.load_or_compute(
+        models.teacher, models.teacher_params, store, top_k, cache_dir
+    )
+
+
 def _eval_prompts(task: str, evaluation: trainer.EvalConfig, lengths, bos_id) -> list[dict]:
     """The first evaluation.num_prompts prompts of the task's evaluation.split, in batches of
-    up to 16 (fails here, before training, on a split the task lacks)."""
+    up to 16 (fails here, before training, on a split the task lacks); () when disabled."""
+    if not evaluation.enabled:
+        return ()
     batches = prompt_sets(
         [(task, evaluation.split)], lengths, evaluation.num_prompts,
         min(evaluation.num_prompts, 16), bos_id,
@@ -202,7 +220,7 @@ def _eval_prompts(task: str, evaluation: trainer.EvalConfig, lengths, bos_id) ->
     return out
 
 
-def _example_store(task, split, lengths, max_examples, batch_size, bos_id, shard=0, num_shards=1):
+def example_store(task, split, lengths, max_examples, batch_size, bos_id, shard=0, num_shards=1):
     """Shard `shard` of `num_shards` of the split (seqio ShardInfo), its share of max_examples."""
     if max_examples is not None:
         max_examples = -(-max_examples // num_shards)
@@ -229,9 +247,7 @@ def _sharded_data(task, split, lengths, max_examples, loop: trainer.LoopConfig, 
     """This process's data shards (`partitioning.data_shards`) of the training split."""
     num_shards, shards = partitioning.data_shards(mesh, loop.batch_size, loop.data_shards)
     stores = {
-        k: _example_store(
-            task, split, lengths, max_examples, loop.batch_size, bos_id, k, num_shards
-        )
+        k: example_store(task, split, lengths, max_examples, loop.batch_size, bos_id, k, num_shards)
         for k in shards
     }
     return datagen.ShardedData(stores, num_shards)
@@ -295,28 +311,22 @@ def train(
       teacher / teacher_checkpoint: the frozen target: an architecture initialised from
         teacher_seed, or a Hugging Face or T5X checkpoint directory; neither for pretraining.
       loop, loss, optimizer, mixture: see their classes.
-      evaluation: periodic evaluation of the student as a draft for the teacher (alpha and tau
-        on held-out prompts of the task's `evaluation.split`, in metrics.jsonl and TensorBoard;
-        `trainer.EvalConfig`); distillation in one process on one device only.
-      teacher_top_k: k > 0 caches the teacher's k largest log-probabilities on the fixed data
-        (`distillspec.teacher_cache`, in teacher_cache_dir, default <cache>/teacher_topk), so
-        that fixed-data steps skip the teacher's forward; exact for k = the vocabulary size,
-        else the tail approximation of `losses.topk_teacher_logits`. One process, one device.
-      mesh_shape: (data, model) device mesh over every process's devices; (1, 1) runs on one
-        device.
+      evaluation: alpha and tau of the student as the teacher's draft every few steps
+        (`trainer.EvalConfig`); one process, one device.
+      teacher_top_k, teacher_cache_dir: k > 0 caches the teacher's top-k on the fixed data
+        (`distillspec.teacher_cache`); one process, one device.
+      mesh_shape: (data, model) device mesh over every process's devices; (1, 1): one device.
       fsdp: also split the teacher's, the student's and the optimizer state's parameters
-        over the mesh's 'data' axis (FSDP style, `partitioning.FSDP_RULES`), not only over
-        'model'.
+        over the mesh's 'data' axis (FSDP style, `partitioning.FSDP_RULES`).
       vocabulary: the tokenizer (`vocabularies.load_tokenizer`): 'sentencepiece', 'byte', a
         tokenizer.json / SentencePiece model path; None = the teacher's (else the student
         checkpoint's) tokenizer files, or the embedded 'sentencepiece' when there are none.
       vocab_size: the tokenizer's size when teacher and student pad their embeddings to
         different sizes: both models' logits are cut to it.
-      max_examples: use only the first examples of the split (smoke tests).
-      tfds_data_dir: where prepared TFDS data sets live (the paper's tasks).
+      max_examples, tfds_data_dir: only the split's first examples (smoke tests); where the
+        prepared TFDS data sets live (the paper's tasks).
       console: show a progress bar.
-      config_text: the run's whole configuration, written to MODEL_DIR/config.gin (the gin
-        command line passes the parsed gin config).
+      config_text: the run's whole configuration, written to MODEL_DIR/config.gin.
 
     Returns:
       The student's final parameters.
@@ -329,8 +339,7 @@ def train(
     tokenizer = load_tokenizer(vocabulary, teacher_checkpoint or student_checkpoint)
     check_special_tokens({"teacher": teacher_checkpoint, "student": student_checkpoint})
     multi = tuple(mesh_shape) != (1, 1) or jax.process_count() > 1
-    _check_evaluation(evaluation, multi, teacher, teacher_checkpoint)
-    _check_teacher_top_k(teacher_top_k, multi, teacher, teacher_checkpoint, mixture)
+    _check_extras(evaluation, teacher_top_k, multi, teacher or teacher_checkpoint, mixture)
     mesh = partitioning.make_mesh(*mesh_shape) if multi else None
     rules = partitioning.param_rules(fsdp)
     teacher_model, teacher_params = _load_teacher(
@@ -339,7 +348,7 @@ def train(
     student_model, params = _load_student(
         student, student_checkpoint, loop.seed, teacher_model, teacher_params
     )
-    vocab_size = _shared_vocab_size(student_model, teacher_model, vocab_size)
+    vocab_size = common_vocab_size(student_model, teacher_model, vocab_size)
     _check_compatible(student_model, teacher_model, loss, tokenizer, mixture, vocab_size)
     name = tasks.register_task(
         task, tokenizer.vocabulary, tfds_data_dir=tfds_data_dir,
@@ -352,21 +361,14 @@ def train(
         print(f"[train] {tokenizer.describe()}", file=sys.stderr, flush=True)
         with open(os.path.join(model_dir, "config.gin"), "w") as f:
             f.write(config_text + f"\n# {tokenizer.describe()}\n")
-    eval_prompts = ()
-    if evaluation.enabled:
-        eval_prompts = _eval_prompts(name, evaluation, task_feature_lengths, tokenizer.prompt_bos)
     cut = lambda m: m if m is None or vocab_size is None else TruncatedVocabulary(m, vocab_size)
     models = trainer.Models(cut(student_model), cut(teacher_model), teacher_params)
-    topk = None
-    if teacher_top_k:
-        topk = teacher_cache.load_or_compute(
-            models.teacher, teacher_params, data.stores[0], teacher_top_k, teacher_cache_dir
-        )
     params = trainer.fit(
         model_dir, models, params, data, loop, loss, optimizer,
         mixture=mixture, eos_id=tokenizer.eos_id, mesh=mesh, rules=rules, console=console,
-        evaluation=evaluation, eval_prompts=eval_prompts,
-        eval_max_new_tokens=task_feature_lengths["targets"], teacher_topk=topk,
+        evaluation=evaluation, eval_max_new_tokens=task_feature_lengths["targets"],
+        eval_prompts=_eval_prompts(name, evaluation, task_feature_lengths, tokenizer.prompt_bos),
+        teacher_topk=_teacher_topk(teacher_top_k, models, data, teacher_cache_dir),
     )  # fmt: skip
     _export(student_model, params, tokenizer, model_dir)
     return params

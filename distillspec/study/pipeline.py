@@ -29,6 +29,7 @@ cell's training resumes from its checkpoints. OUTPUT_DIR/records.jsonl gathers e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -196,6 +197,13 @@ def _check_fixed_data(task, cells: Sequence[Cell]) -> None:
         )
 
 
+def _check_models_and_lenience(cells, lenience_cell, target_checkpoint, draft_checkpoint):
+    if lenience_cell is not None and lenience_cell not in {c.recipe_cell for c in cells}:
+        raise ValueError(f"study.lenience_cell {lenience_cell!r} is not a cell of the study")
+    if (target_checkpoint is None) != (draft_checkpoint is None):
+        raise ValueError("give both study.target_checkpoint and study.draft_checkpoint, or neither")
+
+
 def _eta(started: float, done: int, todo: int) -> str:
     if not done:
         return "ETA unknown"
@@ -260,10 +268,7 @@ def study(
     )  # fmt: skip
     distill = bindings("distill", "train")
     _check_fixed_data(distill["task"], cells)
-    if lenience_cell is not None and lenience_cell not in {c.recipe_cell for c in cells}:
-        raise ValueError(f"study.lenience_cell {lenience_cell!r} is not a cell of the study")
-    if (target_checkpoint is None) != (draft_checkpoint is None):
-        raise ValueError("give both study.target_checkpoint and study.draft_checkpoint, or neither")
+    _check_models_and_lenience(cells, lenience_cell, target_checkpoint, draft_checkpoint)
     if target_checkpoint is None:
         target_checkpoint, draft_checkpoint = pretrained(
             output_dir, stage, bindings, cache_models, model_cache_dir
@@ -281,27 +286,55 @@ def study(
         os.path.join(cells_dir, "standard", EVAL_FILE),
         lambda: evaluate("standard", *models["standard"], {"cell": "standard", "seed": None}),
     )
-    train = stage("distill", "train")
-    started, trained = time.perf_counter(), 0
+    run_cell = functools.partial(
+        _distil_cell, stage("distill", "train"), distill, (target_checkpoint, draft_checkpoint),
+        tfds_data_dir or distill["tfds_data_dir"], evaluate,
+    )  # fmt: skip
+    then = " (then the lenience sweep)" if lenience_cell is not None else ""
+    records += _run_cells(cells, run_cell, cells_dir, then)
+    if lenience_cell is not None:
+        first = next(c for c in cells if c.recipe_cell == lenience_cell)
+        distilled = load_checkpoint(os.path.join(cells_dir, first.name, "export"))
+        drafts = {"standard": models["standard"], f"distilled ({first.name})": distilled}
+        sweep = dict(
+            kinds=lenience_kinds, epsilons=epsilons, gamma=gamma,
+            temperature=lenience_temperature, max_new_tokens=task_feature_lengths["targets"],
+            num_prompts=lenience_prompts, vocab_size=vocab_size,
+        )  # fmt: skip
+        records += _cached(
+            os.path.join(output_dir, "lenience", EVAL_FILE),
+            lambda: _lenience(target, target_params, drafts, batches, tokenizer, sweep),
+        )
+    write_jsonl_atomic(os.path.join(output_dir, RECORDS_FILE), records)
+    print(report.write_report(records, output_dir))
+    return records
+
+
+def _distil_cell(train, distill, checkpoints, tfds_data_dir, evaluate, cell: Cell, model_dir):
+    """Trains the cell (the distill/ stage with the cell's loss, data and seed) and evaluates
+    it: its records."""
+    lambda1, lambda2 = DATA_SOURCES[cell.data]
+    train(
+        model_dir=model_dir, teacher_checkpoint=checkpoints[0], student_checkpoint=checkpoints[1],
+        loss=dataclasses.replace(distill["loss"], divergence=cell.divergence),
+        mixture=dataclasses.replace(
+            distill["mixture"], fixed_data_fraction=lambda1, student_data_fraction=lambda2
+        ),
+        loop=dataclasses.replace(distill["loop"], seed=cell.seed), tfds_data_dir=tfds_data_dir,
+    )  # fmt: skip
+    draft, params = load_checkpoint(os.path.join(model_dir, "export"))
+    return evaluate(cell.name, draft, params, cell.fields()) + _curve(model_dir, cell.fields())
+
+
+def _run_cells(cells: Sequence[Cell], run_cell, cells_dir: str, then: str) -> list[dict]:
+    """Every cell's records: read from its directory when finished, else `run_cell(cell,
+    model_dir)` (which resumes an interrupted training) and kept; a progress line per cell."""
+    started, trained, records = time.perf_counter(), 0, []
     for i, cell in enumerate(cells):
         model_dir = os.path.join(cells_dir, cell.name)
         path = os.path.join(model_dir, EVAL_FILE)
         if not os.path.exists(path):
-            lambda1, lambda2 = DATA_SOURCES[cell.data]
-            train(
-                model_dir=model_dir, teacher_checkpoint=target_checkpoint,
-                student_checkpoint=draft_checkpoint,
-                loss=dataclasses.replace(distill["loss"], divergence=cell.divergence),
-                mixture=dataclasses.replace(
-                    distill["mixture"], fixed_data_fraction=lambda1, student_data_fraction=lambda2
-                ),
-                loop=dataclasses.replace(distill["loop"], seed=cell.seed),
-                tfds_data_dir=tfds_data_dir or distill["tfds_data_dir"],
-            )  # fmt: skip
-            draft, params = load_checkpoint(os.path.join(model_dir, "export"))
-            new = evaluate(cell.name, draft, params, cell.fields())
-            new += _curve(model_dir, cell.fields())
-            write_jsonl_atomic(path, new)
+            write_jsonl_atomic(path, run_cell(cell, model_dir))
             trained += 1
         cell_records = [{**r, **cell.fields()} for r in _read_jsonl(path)]  # Current labels.
         records += cell_records
@@ -309,30 +342,25 @@ def study(
         print(
             f"[study {i + 1}/{len(cells)}] {cell.name}: tau "
             + ", ".join(f"T={t:g} {v:.3f}" for t, v in taus.items())
-            + f"; {_eta(started, trained, len(cells) - i - 1)}"
-            + (" (then the lenience sweep)" if lenience_cell is not None else ""),
+            + f"; {_eta(started, trained, len(cells) - i - 1)}{then}",
             file=sys.stderr, flush=True,
         )  # fmt: skip
-    if lenience_cell is not None:
-        first = next(c for c in cells if c.recipe_cell == lenience_cell)
-        distilled = load_checkpoint(os.path.join(cells_dir, first.name, "export"))
-        drafts = {"standard": models["standard"], f"distilled ({first.name})": distilled}
-        records += _cached(
-            os.path.join(output_dir, "lenience", EVAL_FILE),
-            lambda: [
-                {"kind": "lenience", **r}
-                for r in lenience_records(
-                    target, target_params, drafts, batches, vocabulary=tokenizer.vocabulary,
-                    eos_id=tokenizer.eos_id, kinds=lenience_kinds, epsilons=epsilons,
-                    gamma=gamma, temperature=lenience_temperature,
-                    max_new_tokens=task_feature_lengths["targets"],
-                    num_prompts=lenience_prompts, vocab_size=vocab_size,
-                )
-            ],
-        )  # fmt: skip
-    write_jsonl_atomic(os.path.join(output_dir, RECORDS_FILE), records)
-    print(report.write_report(records, output_dir))
     return records
+
+
+def _lenience(target, target_params, drafts, batches, tokenizer, sweep) -> list[dict]:
+    return [
+        {"kind": "lenience", **r}
+        for r in lenience_records(
+            target,
+            target_params,
+            drafts,
+            batches,
+            vocabulary=tokenizer.vocabulary,
+            eos_id=tokenizer.eos_id,
+            **sweep,
+        )  # fmt: skip
+    ]
 
 
 def _cached(path: str, compute: Callable[[], list[dict]]) -> list[dict]:

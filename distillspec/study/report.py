@@ -200,10 +200,7 @@ def _dominated_share(res: Results) -> tuple[float, int]:
     return (dominated / total if total else float("nan")), total
 
 
-def findings(res: Results) -> list[dict]:
-    rows = []
-    seeds = len(res.seeds)
-    # (a)
+def _finding_a(res: Results) -> dict:
     worst = {}
     for recipe, cell in res.recipes.items():
         for t in res.temperatures:
@@ -211,20 +208,23 @@ def findings(res: Results) -> list[dict]:
             worst[(recipe, t)] = (mean, sd)
     beats = all(m > 0 and m > 2 * sd for m, sd in worst.values())
     (lo_recipe, lo_t), (lo_m, lo_sd) = min(worst.items(), key=lambda kv: kv[1][0])
-    rows.append(
-        {
-            "finding": "(a) every recipe beats the standard draft (Fig. 2)",
-            "measured here": f"smallest gain: {RECIPE_NAMES.get(lo_recipe, lo_recipe)} at "
-            f"T={lo_t:g}, {lo_m:+.1f}% (sd {lo_sd:.1f} over seeds)",
-            "rule": "every recipe's mean gain > 0 and > 2 sd over seeds, at every temperature",
-            "reproduced": "yes" if beats else "no",
-        }
-    )
-    # (b): the divergences whose every data source was run.
+    return {
+        "finding": "(a) every recipe beats the standard draft (Fig. 2)",
+        "measured here": f"smallest gain: {RECIPE_NAMES.get(lo_recipe, lo_recipe)} at "
+        f"T={lo_t:g}, {lo_m:+.1f}% (sd {lo_sd:.1f} over seeds)",
+        "rule": "every recipe's mean gain > 0 and > 2 sd over seeds, at every temperature",
+        "reproduced": "yes" if beats else "no",
+    }
+
+
+def _complete_divergences(res: Results) -> list[str]:
+    """The divergences whose every data source was run."""
+    return [d for d in res.divergences if all(f"{d}-{s}" in res.cells for s in res.data_sources)]
+
+
+def _finding_b(res: Results) -> dict:
     generated = [s for s in res.data_sources if s != "fixed"]
-    complete = [
-        d for d in res.divergences if all(f"{d}-{s}" in res.cells for s in res.data_sources)
-    ]
+    complete = _complete_divergences(res)
     wins, pairs, detail = 0, 0, []
     if "fixed" in res.data_sources and generated:
         for d in complete:
@@ -234,18 +234,19 @@ def findings(res: Results) -> list[dict]:
                 pairs += 1
                 wins += gen > fixed
                 detail.append(f"{d.upper()} T={t:g}: {gen:+.1f}% vs {fixed:+.1f}%")
-    rows.append(
-        {
-            "finding": "(b) model-generated data beats fixed data (Fig. 4)",
-            "measured here": f"mean gain over {', '.join(generated)} vs fixed, per divergence and "
-            f"temperature: {'; '.join(detail)}",
-            "rule": "generated > fixed in every (divergence, temperature)",
-            "reproduced": "n/a"
-            if not pairs
-            else ("yes" if wins == pairs else f"partly ({wins} of {pairs})"),
-        }
-    )
-    # (c)
+    return {
+        "finding": "(b) model-generated data beats fixed data (Fig. 4)",
+        "measured here": f"mean gain over {', '.join(generated)} vs fixed, per divergence and "
+        f"temperature: {'; '.join(detail)}",
+        "rule": "generated > fixed in every (divergence, temperature)",
+        "reproduced": "n/a"
+        if not pairs
+        else ("yes" if wins == pairs else f"partly ({wins} of {pairs})"),
+    }
+
+
+def _finding_c(res: Results) -> dict:
+    complete = _complete_divergences(res)
     best = {}
     for t in res.temperatures:
         means = {
@@ -254,62 +255,71 @@ def findings(res: Results) -> list[dict]:
         }
         best[t] = max(means, key=means.get) if means else "n/a"
     differs = len(set(best.values())) > 1
-    rows.append(
-        {
-            "finding": "(c) the best divergence depends on the task and the temperature (Fig. 4)",
-            "measured here": "best divergence (mean gain over data sources): "
-            + ", ".join(f"T={t:g} {d.upper()}" for t, d in best.items())
-            + " (one task here)",
-            "rule": "a different divergence is best at different temperatures",
-            "reproduced": "yes" if differs else "no",
-        }
-    )
-    # (d)
+    return {
+        "finding": "(c) the best divergence depends on the task and the temperature (Fig. 4)",
+        "measured here": "best divergence (mean gain over data sources): "
+        + ", ".join(f"T={t:g} {d.upper()}" for t, d in best.items())
+        + " (one task here)",
+        "rule": "a different divergence is best at different temperatures",
+        "reproduced": "yes" if differs else "no",
+    }
+
+
+def _finding_d(res: Results) -> dict:
     per_t = {}
     for t in res.temperatures:
         pts = [(a, b) for tt, a, b in theory_points(res) if tt == t]
         per_t[t] = _spearman([a for a, _ in pts], [b for _, b in pts])
-    rows.append(
-        {
-            "finding": "(d) tau from the TVD ranks drafts like measured tau (Fig. 3c)",
-            "measured here": "Spearman rank correlation over every draft: "
-            + ", ".join(f"T={t:g} {rho:.2f}" for t, rho in per_t.items()),
-            "rule": "rank correlation >= 0.7 at every temperature",
-            "reproduced": "yes" if all(rho >= 0.7 for rho in per_t.values()) else "no",
-        }
-    )
-    # (e)
+    return {
+        "finding": "(d) tau from the TVD ranks drafts like measured tau (Fig. 3c)",
+        "measured here": "Spearman rank correlation over every draft: "
+        + ", ".join(f"T={t:g} {rho:.2f}" for t, rho in per_t.items()),
+        "rule": "rank correlation >= 0.7 at every temperature",
+        "reproduced": "yes" if all(rho >= 0.7 for rho in per_t.values()) else "no",
+    }
+
+
+def _finding_e(res: Results) -> dict:
     corr = {}
     for t in res.temperatures:
         pts = quality_points(res, t)
         corr[t] = _pearson([q for _, q, _ in pts], [g for _, _, g in pts])
-    rows.append(
-        {
-            "finding": "(e) draft quality and tau gain are only weakly correlated (Fig. 5a)",
-            "measured here": "Pearson correlation of chrF (greedy output) and tau gain over the "
-            "distilled drafts: " + ", ".join(f"T={t:g} {r:.2f}" for t, r in corr.items()),
-            "rule": "|r| < 0.5 at every temperature",
-            "reproduced": "yes" if all(abs(r) < 0.5 for r in corr.values()) else "no",
-        }
-    )
-    # (f)
+    return {
+        "finding": "(e) draft quality and tau gain are only weakly correlated (Fig. 5a)",
+        "measured here": "Pearson correlation of chrF (greedy output) and tau gain over the "
+        "distilled drafts: " + ", ".join(f"T={t:g} {r:.2f}" for t, r in corr.items()),
+        "rule": "|r| < 0.5 at every temperature",
+        "reproduced": "yes" if all(abs(r) < 0.5 for r in corr.values()) else "no",
+    }
+
+
+def _finding_f(res: Results) -> dict:
     share, total = _dominated_share(res)
-    rows.append(
-        {
-            "finding": "(f) with lenience the distilled draft's quality-latency curve dominates "
-            "the standard draft's (Fig. 5b)",
-            "measured here": f"{share:.0%} of the standard draft's {total} points (latency, chrF) "
-            "are weakly dominated by a distilled point of the same lenience kind or by its "
-            "lossless point"
-            if total
-            else "no lenience sweep",
-            "rule": ">= 75% of the standard draft's points dominated",
-            "reproduced": "n/a" if not total else ("yes" if share >= 0.75 else "no"),
-        }
-    )
-    if seeds < 2:
-        for r in rows[:1]:
-            r["reproduced"] += " (one seed: no spread)"
+    return {
+        "finding": "(f) with lenience the distilled draft's quality-latency curve dominates "
+        "the standard draft's (Fig. 5b)",
+        "measured here": f"{share:.0%} of the standard draft's {total} points (latency, chrF) "
+        "are weakly dominated by a distilled point of the same lenience kind or by its "
+        "lossless point"
+        if total
+        else "no lenience sweep",
+        "rule": ">= 75% of the standard draft's points dominated",
+        "reproduced": "n/a" if not total else ("yes" if share >= 0.75 else "no"),
+    }
+
+
+def findings(res: Results) -> list[dict]:
+    """The findings (a)-(f): each as the paper states it, the figure measured, the rule."""
+    rows = [
+        _finding_a(res),
+        _finding_b(res),
+        _finding_c(res),
+        _finding_d(res),
+        _finding_e(res),
+        _finding_f(res),
+    ]
+    if len(res.seeds) < 2:
+        rows[0]["reproduced"] += " (one seed: no spread)"
     return rows
 
 
@@ -317,23 +327,9 @@ def findings(res: Results) -> list[dict]:
 # Figures.
 
 
-def _plots(res: Results, out: str) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-
-    def save(fig, name):
-        path = os.path.join(out, name)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(name)
-
+def _fig2(res: Results, plt, save) -> None:
+    """Fig. 2: recipes."""
     temps = res.temperatures
-    # Fig. 2: recipes.
     fig, ax = plt.subplots(figsize=(7, 3.5))
     names = list(res.recipes)
     width = 0.8 / max(len(temps), 1)
@@ -353,7 +349,11 @@ def _plots(res: Results, out: str) -> list[str]:
     ax.set_ylabel("tau gain over the standard draft (%)")
     ax.legend()
     save(fig, "fig2_recipes.png")
-    # Fig. 4: grid.
+
+
+def _fig4(res: Results, plt, save) -> None:
+    """Fig. 4: grid."""
+    temps = res.temperatures
     fig, axes = plt.subplots(1, len(temps), figsize=(4.2 * len(temps), 3.4), squeeze=False)
     for ax, t in zip(axes[0], temps):
         values = np.array(
@@ -370,7 +370,10 @@ def _plots(res: Results, out: str) -> list[str]:
         ax.set_title(f"tau gain (%), T = {t:g}")
         fig.colorbar(im, ax=ax, shrink=0.8)
     save(fig, "fig4_grid.png")
-    # Fig. 3a: training curves of the recipes (first seed).
+
+
+def _fig3a(res: Results, plt, save) -> None:
+    """Fig. 3a: training curves of the recipes (first seed)."""
     if res.curves:
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
         first = res.seeds[0] if res.seeds else 0
@@ -388,7 +391,11 @@ def _plots(res: Results, out: str) -> list[str]:
         axes[1].set(xlabel="training step", ylabel="tau")
         axes[0].legend(fontsize=7)
         save(fig, "fig3a_training.png")
-    # Fig. 3b: per-prompt tau, standard vs the best cell at each temperature.
+
+
+def _fig3b(res: Results, plt, save) -> None:
+    """Fig. 3b: per-prompt tau, standard vs the best cell at each temperature."""
+    temps = res.temperatures
     fig, axes = plt.subplots(1, len(temps), figsize=(4 * len(temps), 3.6), squeeze=False)
     for ax, t in zip(axes[0], temps):
         std = next(r for r in res.grid if r["cell"] == "standard" and r["temperature"] == t)
@@ -405,7 +412,11 @@ def _plots(res: Results, out: str) -> list[str]:
             title=f"T = {t:g}: {above:.0%} of prompts above the diagonal",
         )
     save(fig, "fig3b_per_prompt.png")
-    # Fig. 3c: theory vs measured.
+
+
+def _fig3c(res: Results, plt, save) -> None:
+    """Fig. 3c: theory vs measured."""
+    temps = res.temperatures
     fig, ax = plt.subplots(figsize=(4.5, 4))
     for t in temps:
         pts = [(a, b) for tt, a, b in theory_points(res) if tt == t]
@@ -416,7 +427,11 @@ def _plots(res: Results, out: str) -> list[str]:
     ax.set(xlabel="tau from TVD (theory)", ylabel="tau measured")
     ax.legend()
     save(fig, "fig3c_tau_theory.png")
-    # Fig. 5a: quality vs gain.
+
+
+def _fig5a(res: Results, plt, save) -> None:
+    """Fig. 5a: quality vs gain."""
+    temps = res.temperatures
     fig, ax = plt.subplots(figsize=(4.5, 4))
     for t in temps:
         pts = quality_points(res, t)
@@ -427,7 +442,10 @@ def _plots(res: Results, out: str) -> list[str]:
     ax.set(xlabel="tau gain over the standard draft (%)", ylabel="chrF of the draft's output")
     ax.legend()
     save(fig, "fig5a_quality.png")
-    # Fig. 5b: lenience.
+
+
+def _fig5b(res: Results, plt, save) -> None:
+    """Fig. 5b: lenience."""
     if res.lenience:
         kinds = [
             k for k in dict.fromkeys(r["lenience"] for r in res.lenience) if k not in (None, "none")
@@ -455,6 +473,29 @@ def _plots(res: Results, out: str) -> list[str]:
             ax.set(xlabel="ms per token (batch 1)", ylabel="chrF", title=f"lenience {kind}")
         axes[0][0].legend(fontsize=7)
         save(fig, "fig5b_lenience.png")
+
+
+FIGURES = (_fig2, _fig4, _fig3a, _fig3b, _fig3c, _fig5a, _fig5b)
+
+
+def _plots(res: Results, out: str) -> list[str]:
+    """Writes every figure into `out`; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+
+    def save(fig, name):
+        path = os.path.join(out, name)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(name)
+
+    for figure in FIGURES:
+        figure(res, plt, save)
     return written
 
 
