@@ -1,7 +1,7 @@
 """The package's layering (GUIDE.md §1), checked on the source with `ast`.
 
-library < evaluation/ < disco/ < runs/ < study/ < gin glue and entry points (and benchmarks): a module
-imports only from its own layer or those below; only the top imports gin; nothing imports a
+library < evaluation/ < disco/ < runs/ < study/ < gin glue and entry points (and benchmarks):
+a module imports only from its own layer or those below; only the top imports gin; nothing imports a
 benchmark; the import graph has no cycle (imports inside functions count too). Also the size
 budgets: no module over ~600 lines, no function over ~100.
 """
