@@ -1,6 +1,7 @@
-"""python -m distillspec.study --gin_file=experiments/study_quickstart.gin [--output_dir DIR]
-[--gin.NAME=VALUE ...]: the paper study (`distillspec.study.pipeline.study`) under gin; a rerun
-after an interruption continues where it stopped and skips finished cells."""
+"""python -m distillspec.study [--gin_file=experiments/study_quickstart.gin] [--output_dir DIR]
+[--gin.NAME=VALUE ...]: the paper study (`distillspec.study.pipeline.study`) under gin (the
+embedded default's study_quickstart.gin when no --gin_file is given); a rerun after an
+interruption continues where it stopped and skips finished cells."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import sys
 
 from distillspec import gin_setup
 
+GIN_FILE = str(gin_setup.CONFIGS_DIR / "experiments" / "study_quickstart.gin")
+
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--output_dir", default=None)
     args, rest = parser.parse_known_args(argv if argv is not None else sys.argv[1:])
+    if not any(arg.startswith("--gin_file") for arg in rest):
+        rest = [f"--gin_file={GIN_FILE}", *rest]
     flags = gin_setup.parse_command_line(rest, "study")
     if flags.multiprocess:
         gin_setup.check_multiprocess_run("study")
