@@ -380,3 +380,21 @@ def test_evaluate_run_rejects_a_bad_dtype_before_loading(tmp_path):
     ):
         evaluate(str(tmp_path), str(tmp_path / "missing"), {"d": str(tmp_path / "missing")},
                  dtype="f16")  # fmt: skip
+
+
+def test_call_costs_price_the_draft_in_the_loops_context_and_keep_the_isolated_figure():
+    target, params = tiny_lm(32)
+    draft_params = perturbed(params, 0.05, seed=1)
+    prompt = (np.ones((1, 4), np.int32), np.array([4], np.int32))
+    costs = timing.measure_call_costs(
+        target, params, target, draft_params, prompt, (1, 4), max_new_tokens=8, repeats=3
+    )
+    assert sorted(costs["target"]) == [1, 2, 4] and all(v > 0 for v in costs["target"].values())
+    assert costs["draft"][1] == costs["draft"][2] >= 0  # One in-context step price.
+    assert sorted(costs["draft_isolated"]) == [1, 2]
+    assert all(v > 0 for v in costs["draft_isolated"].values()) and costs["round"] >= 0
+    # The cost model prices a static-3 run with them.
+    modeled = timing.modeled_latency_ms(timing.sl.Lookahead("static", 3), [0, 0, 0, 2], 6, 8, costs)
+    expected = (2 * (costs["target"][4] + costs["round"]) + 2 * costs["draft"][2]
+                + 4 * costs["draft"][1]) / 8  # fmt: skip
+    assert modeled == pytest.approx(expected)
