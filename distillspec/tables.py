@@ -74,6 +74,8 @@ HEADERS = {
     "nll": "NLL (nats/token)",
     "distinct_4": "distinct-4",
     "repeating_share": "Looping outputs",
+    "chrf": "chrF of greedy output",
+    "target_nll": "Target NLL of greedy output",
 }
 # Headers of the per-draft grid columns ('speedup[fkl]' reads 'Throughput speed-up fkl'):
 # 'speedup' alone is the policy table's batch-1 speed-up over the target.

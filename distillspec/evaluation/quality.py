@@ -8,10 +8,10 @@
                      4-grams of their last 32 tokens distinct), the degenerate
                      `x.call(____...` output of an under-trained target
   chrf               corpus chrF (sacrebleu's CHRF: character n-grams up to 6, beta = 2;
-                     0-100) of the detokenised
-                     outputs against the reference completions: the task-quality metric of the
-                     paper study (Fig. 5). Character n-grams need no code tokenizer and give
-                     partial credit for near-miss identifiers, which word-level ROUGE-L does not
+                     0-100) of the detokenised outputs against the reference completions: the
+                     task-quality metric of the paper study (Fig. 5). Character n-grams need no
+                     code tokenizer and give partial credit for near-miss identifiers, which
+                     word-level ROUGE-L does not
   target_nll         the target's NLL (nats/token) of an output, teacher-forced after its
                      prompt: how likely the target finds what a draft (or a lossy decoder)
                      wrote
