@@ -176,9 +176,10 @@ def quality_records(
     model's greedy output (max_new_tokens) for the same prompts. With the tokenizer's
     `vocabulary`, also 'chrf' of the greedy outputs against the references, and with
     `scorer` = (target, params) 'target_nll', the target's NLL of them (`output_quality`)."""
+    truncate = lambda m: m if vocab_size is None else TruncatedVocabulary(m, vocab_size)
     records = []
     for name, (model, params) in models.items():
-        scored = model if vocab_size is None else TruncatedVocabulary(model, vocab_size)
+        scored = truncate(model)
         tokens, lengths = [], []
         for b in batches:
             rows = valid_rows(b) > 0
@@ -198,6 +199,7 @@ def quality_records(
         })  # fmt: skip
         if vocabulary is not None:
             records[-1].update(output_quality(
-                batches, tokens, lengths, vocabulary=vocabulary, eos_id=eos_id, scorer=scorer,
+                batches, tokens, lengths, vocabulary=vocabulary, eos_id=eos_id,
+                scorer=None if scorer is None else (truncate(scorer[0]), scorer[1]),
             ))  # fmt: skip
     return records

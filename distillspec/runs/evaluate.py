@@ -17,7 +17,7 @@ from distillspec.disco import storage
 from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
 from distillspec.evaluation.policies import evaluate_policies, resolve_policies
 from distillspec.evaluation.quality import quality_records
-from distillspec.models.base import TruncatedVocabulary, check_decode_dtype, for_decoding
+from distillspec.models.base import check_decode_dtype, for_decoding
 from distillspec.records import RECORDS_FILE, TUNED_POLICIES, append_records, write_jsonl_atomic
 from distillspec.runs.common import open_run, prompt_sets
 
@@ -139,13 +139,11 @@ def evaluate(
 
 def _report_quality(output_dir, models, sets, max_new_tokens, tokenizer, vocab_size) -> None:
     rows = []
-    scorer = models["target"]
-    if vocab_size is not None:
-        scorer = (TruncatedVocabulary(scorer[0], vocab_size), scorer[1])
     for (task, split), batches in sets.items():
         rows += quality_records(
             models, batches, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, task=task,
-            split=split, vocab_size=vocab_size, vocabulary=tokenizer.vocabulary, scorer=scorer,
+            split=split, vocab_size=vocab_size, vocabulary=tokenizer.vocabulary,
+            scorer=models["target"],
         )  # fmt: skip
     write_jsonl_atomic(os.path.join(output_dir, QUALITY_FILE), rows)
     print(tables.write_markdown(rows, os.path.join(output_dir, "quality.md")))

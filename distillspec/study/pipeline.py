@@ -38,12 +38,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from distillspec import checks, metrics, tasks, trainer
+from distillspec import checks, losses, metrics, tasks
 from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
 from distillspec.evaluation.lenience import lenience_records
 from distillspec.evaluation.quality import quality_records
 from distillspec.models import load_checkpoint
-from distillspec.models.base import TruncatedVocabulary
 from distillspec.records import write_jsonl_atomic
 from distillspec.runs.common import open_run, prompt_sets
 from distillspec.runs.quickstart import BindingsFn, StageFn, pretrained
@@ -100,8 +99,8 @@ def make_cells(
     `spread_cells` ('divergence-data'; None = every recipe and every FKL cell) at every seed of
     `spread_seeds`; each cell once. Unknown names fail here, naming the valid ones."""
     for d in divergences:
-        if d not in losses_kinds():
-            raise ValueError(f"study.divergences: {d!r} is not one of {losses_kinds()}")
+        if d not in losses.KINDS:
+            raise ValueError(f"study.divergences: {d!r} is not one of {losses.KINDS}")
     for s in data_sources:
         if s not in DATA_SOURCES:
             raise ValueError(f"study.data_sources: {s!r} is not one of {tuple(DATA_SOURCES)}")
@@ -127,10 +126,6 @@ def make_cells(
         for seed in spread_seeds for d, s in spread if seed not in seeds
     ]  # fmt: skip
     return cells
-
-
-def losses_kinds() -> tuple[str, ...]:
-    return tuple(d for d in trainer.DIVERGENCES if d != "ce")
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -172,14 +167,11 @@ class _Evaluator:
             eos_id=self.tokenizer.eos_id, task=self.task, split=self.split,
             vocab_size=self.vocab_size,
         )  # fmt: skip
-        scorer = self.target
-        if self.vocab_size is not None:
-            scorer = TruncatedVocabulary(scorer, self.vocab_size)
         quality = quality_records(
             pair, self.batches, max_new_tokens=self.grid.max_new_tokens,
             eos_id=self.tokenizer.eos_id, task=self.task, split=self.split,
             vocab_size=self.vocab_size, vocabulary=self.tokenizer.vocabulary,
-            scorer=(scorer, self.target_params),
+            scorer=(self.target, self.target_params),
         )  # fmt: skip
         return [{"kind": "grid", **fields, **r} for r in grid] + [
             {"kind": "quality", **fields, **r} for r in quality
