@@ -11,6 +11,12 @@ heuristic schedule, the oracle). A dynamic round drafts in a `lax.while_loop` th
 row has stopped or sl_max drafts are drawn; a row's drafts past its own stop are masked out of
 verification, so the output is the target's exactly, whatever the policy decides.
 
+Greedy rounds carry tokens only: a draft is kept exactly when it is the target's argmax
+(`speculative.accept_greedy`, the one-hot case of the general rule), so they build no [B, G, V]
+distributions and draw no random numbers. On the quickstart's 11 MB pair at batch 1 that work
+(a Gumbel-max draw over the vocabulary per token) was most of a round's cost outside the model
+calls (README section 3, the round's profile).
+
 Per call the caller gets, per row, the tokens and the counters from which the acceptance rate
 alpha = accepted / drafted and the block efficiency tau = tokens / target_calls derive, and the
 histogram of drafts per round.
@@ -32,7 +38,7 @@ from distillspec import lookahead as sl
 from distillspec.lookahead import Lookahead
 from distillspec.models.base import DecodingModel
 from distillspec.sampling import SamplingConfig, logits_to_probs, sample_categorical
-from distillspec.speculative import Lenience, accept_or_resample
+from distillspec.speculative import Lenience, accept_greedy, accept_or_resample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,11 +110,21 @@ def _write_rows(buf: jax.Array, values: jax.Array, start: jax.Array) -> jax.Arra
     )
 
 
+def _choose(logits: jax.Array, rng, spec: _Spec) -> tuple[jax.Array, jax.Array | None]:
+    """The next token [B] from float32 logits [B, V], and the processed distribution [B, V] it
+    was drawn from; greedy: the argmax and None (greedy acceptance needs tokens only)."""
+    if spec.sampling.greedy:
+        return jnp.argmax(logits[:, : spec.vocab_size], axis=-1).astype(jnp.int32), None
+    probs = logits_to_probs(logits, spec.sampling, spec.vocab_size)
+    return sample_categorical(rng, probs), probs
+
+
 def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inputs):
     """Draws up to sl_max tokens per row, stopping each row where its policy says.
 
-    Returns ([B, G] tokens, [B, G, V] probs, num_drafts [B], draft calls [B], cache); positions
-    at or past a row's num_drafts are not proposed (they are masked in verification).
+    Returns ([B, G] tokens, [B, G, V] probs (None when greedy), num_drafts [B], draft calls [B],
+    cache); positions at or past a row's num_drafts are not proposed (they are masked in
+    verification).
 
     The first call re-feeds the token before the last one too (K = 2): after a fully accepted
     round the draft has not seen the last draft token yet, and rewriting a cache entry with the
@@ -122,14 +138,13 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
     logits = logits.astype(jnp.float32)  # Policies and sampling read float32 in any dtype.
 
     def draw(i, logits, tokens, probs, stopped, num_drafts, calls):
-        p = logits_to_probs(logits, spec.sampling, spec.vocab_size)
-        token = sample_categorical(jax.random.fold_in(rng, i), p)
+        token, p = _choose(logits, None if rng is None else jax.random.fold_in(rng, i), spec)
         stop, n = sl.stop_after(
             spec.policy, inputs, i, logits, token, state.num_new, state.lookahead, spec.vocab_size
         )
         return (
             tokens.at[:, i].set(token),
-            probs.at[:, i].set(p),
+            probs if p is None else probs.at[:, i].set(p),
             stopped | stop,
             jnp.where(stopped, num_drafts, n),  # A row that stopped earlier keeps its count.
             calls + (~stopped).astype(jnp.int32),  # The call that produced this token.
@@ -140,7 +155,7 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
         0,
         logits,
         jnp.zeros((batch, gamma), jnp.int32),
-        jnp.zeros((batch, gamma, spec.vocab_size), jnp.float32),
+        None if spec.sampling.greedy else jnp.zeros((batch, gamma, spec.vocab_size), jnp.float32),
         state.done,  # Finished rows never keep the loop going.
         zeros,
         zeros,
@@ -194,8 +209,11 @@ def _kept_count(new: jax.Array, num_emitted: jax.Array, remaining: jax.Array, eo
 
 def _round(state: _LoopState, target, draft, target_params, draft_params, spec: _Spec, inputs):
     """One draft-then-verify round (gamma = 0: one plain decoding step)."""
-    rng, rng_draft, rng_verify = jax.random.split(state.rng, 3)
     batch = state.position.shape[0]
+    if spec.sampling.greedy:  # No random draws: the key stays as it is.
+        rng, rng_draft, rng_verify = state.rng, None, None
+    else:
+        rng, rng_draft, rng_verify = jax.random.split(state.rng, 3)
     last = jnp.take_along_axis(state.tokens, state.position[:, None], axis=1)
     if spec.gamma:
         drafts, draft_probs, num_drafts, draft_calls, draft_cache = _draft_block(
@@ -214,11 +232,15 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
         logits, target_cache = target.extend(
             target_params, state.target_cache, last, state.position
         )
-    target_probs = logits_to_probs(logits, spec.sampling, spec.vocab_size)
-    num_accepted, next_token = accept_or_resample(
-        rng_verify, drafts, draft_probs, target_probs, spec.lenience,
-        num_drafts=num_drafts if spec.gamma else None,
-    )  # fmt: skip
+    proposed = num_drafts if spec.gamma else None
+    if spec.sampling.greedy:
+        target_tokens = jnp.argmax(logits[..., : spec.vocab_size], axis=-1)
+        num_accepted, next_token = accept_greedy(drafts, target_tokens, proposed)
+    else:
+        target_probs = logits_to_probs(logits, spec.sampling, spec.vocab_size)
+        num_accepted, next_token = accept_or_resample(
+            rng_verify, drafts, draft_probs, target_probs, spec.lenience, num_drafts=proposed
+        )
     index = jnp.arange(spec.gamma + 1)
     drafts_padded = jnp.pad(drafts, ((0, 0), (0, 1)))
     new = jnp.where(index < num_accepted[:, None], drafts_padded, next_token[:, None])

@@ -99,3 +99,29 @@ def accept_or_resample(
     # An all-zero residual has probability 0 when lossless (lossy edge cases): fall back to p.
     residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p)
     return num_accepted.astype(jnp.int32), sample_categorical(rng_next, residual)
+
+
+def accept_greedy(
+    draft_tokens: jax.Array, target_tokens: jax.Array, num_drafts: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """`accept_or_resample` for greedy decoding, from tokens alone.
+
+    Greedy draft and target distributions are one-hot, so a draft is kept exactly when it is the
+    target's argmax (under any lenience: f(0) = 0 and min(1, f(1)) = 1), and the replacement or
+    extra token is the target's argmax at the first position not kept. Same results as
+    `accept_or_resample` on the one-hot distributions, without their [B, G, V] buffers or any
+    random draws.
+
+    Args:
+      draft_tokens: [B, G] int32 drafts; target_tokens: [B, G + 1] the target's argmax at the
+        last token and each draft; num_drafts: as in `accept_or_resample`.
+
+    Returns:
+      (num_accepted [B] int32, next_token [B] int32), as `accept_or_resample`.
+    """
+    kept = draft_tokens == target_tokens[:, :-1]
+    if num_drafts is not None:
+        kept = kept & (jnp.arange(draft_tokens.shape[1]) < num_drafts[:, None])
+    num_accepted = jnp.sum(jnp.cumprod(kept.astype(jnp.int32), axis=-1), axis=-1)
+    next_token = jnp.take_along_axis(target_tokens, num_accepted[:, None], axis=1)[:, 0]
+    return num_accepted.astype(jnp.int32), next_token.astype(jnp.int32)

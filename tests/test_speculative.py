@@ -7,7 +7,12 @@ import pytest
 from scipy import stats
 
 from distillspec.sampling import SamplingConfig, logits_to_probs
-from distillspec.speculative import Lenience, accept_or_resample, acceptance_probability
+from distillspec.speculative import (
+    Lenience,
+    accept_greedy,
+    accept_or_resample,
+    acceptance_probability,
+)
 
 P = np.array([0.5, 0.25, 0.15, 0.10])
 Q = np.array([0.3, 0.4, 0.2, 0.1])
@@ -94,6 +99,26 @@ def test_greedy_one_hot_rule_is_deterministic():
     )
     np.testing.assert_array_equal(out[0], [gamma, 2])
     np.testing.assert_array_equal(out[1], [0, 3])
+
+
+@pytest.mark.parametrize("lenience", [None, Lenience("linear", 0.3), Lenience("exp", 0.5)])
+def test_greedy_rule_from_tokens_equals_the_one_hot_rule(lenience):
+    # accept_greedy (tokens only, no draws) = accept_or_resample on one-hot distributions, under
+    # lenience and with rows proposing fewer than G drafts; the decoder's greedy path relies on it.
+    rng = np.random.default_rng(0)
+    v, gamma, batch = 3, 4, 256  # Few ids, so that drafts often match.
+    draft = jnp.asarray(rng.integers(0, v, (batch, gamma)), jnp.int32)
+    target = jnp.asarray(rng.integers(0, v, (batch, gamma + 1)), jnp.int32)
+    num_drafts = jnp.asarray(rng.integers(0, gamma + 1, batch), jnp.int32)
+    for proposed in (None, num_drafts):
+        want = accept_or_resample(
+            jax.random.PRNGKey(1), draft, jax.nn.one_hot(draft, v), jax.nn.one_hot(target, v),
+            lenience, num_drafts=proposed,
+        )  # fmt: skip
+        got = accept_greedy(draft, target, proposed)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        assert len(set(np.asarray(got[0]).tolist())) == gamma + 1  # Every count occurs.
 
 
 def test_acceptance_probability_formula():
