@@ -283,8 +283,11 @@ def _decode(
     prompt_lengths,
     rng,
     inputs,
+    num_rounds=None,
 ):
-    """The whole generation: prefill, rounds until every row is done, output extraction."""
+    """The whole generation: prefill, rounds until every row is done, output extraction.
+
+    With num_rounds, exactly that many rounds instead, for timing (see `fixed_round_decoder`)."""
     batch, prompt_len = prompt_tokens.shape
     length = prompt_len + spec.max_new_tokens + spec.gamma + 1  # Room for the last round's writes.
     target_cache, prefix, position = target.prefill(
@@ -313,11 +316,11 @@ def _decode(
         oracle = jnp.asarray(inputs["oracle_tokens"], jnp.int32)
         oracle = jnp.pad(oracle, ((0, 0), (0, spec.gamma)), constant_values=-1)
         inputs = {**inputs, "oracle_tokens": oracle}
-    state = jax.lax.while_loop(
-        lambda s: ~jnp.all(s.done),
-        lambda s: _round(s, target, draft, target_params, draft_params, spec, inputs),
-        state,
-    )
+    body = lambda s: _round(s, target, draft, target_params, draft_params, spec, inputs)
+    if num_rounds is None:
+        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+    else:
+        state = jax.lax.fori_loop(0, num_rounds, lambda _, s: body(s), state)
     tokens = _read_rows(state.tokens, position + 1, spec.max_new_tokens)
     tokens = jnp.where(jnp.arange(spec.max_new_tokens) < state.num_new[:, None], tokens, 0)
     return dict(
@@ -331,10 +334,49 @@ def _decode(
     )
 
 
+_COUNTERS = ("lengths", "drafted", "accepted", "target_calls", "draft_calls")
+
+
+def _packed(out: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """(tokens, [B, 5 + histogram] counters): two transfers to the host instead of seven, which
+    at batch 1 on small models is a measurable part of a call."""
+    counters = [out[name][:, None] for name in _COUNTERS] + [out["sl_histogram"]]
+    return out["tokens"], jnp.concatenate(counters, axis=1)
+
+
+def _unpacked(tokens: np.ndarray, counters: np.ndarray) -> DecodeResult:
+    fields = {name: counters[:, i] for i, name in enumerate(_COUNTERS)}
+    return DecodeResult(tokens=tokens, sl_histogram=counters[:, len(_COUNTERS) :], **fields)
+
+
 @functools.lru_cache(maxsize=64)
-def _compiled(target, draft, spec: _Spec):
-    """One jitted program per (models, spec); jax.jit adds one per distinct input shape."""
-    return jax.jit(functools.partial(_decode, target, draft, spec))
+def _compiled(target, draft, spec: _Spec, packed: bool = False):
+    """One jitted program per (models, spec, packed); jax.jit adds one per input shape."""
+    decode = functools.partial(_decode, target, draft, spec)
+    return jax.jit((lambda *args: _packed(decode(*args))) if packed else decode)
+
+
+def fixed_round_decoder(target, draft, gamma: int, max_rounds: int, vocab_size=None):
+    """The greedy decoder (static gamma; gamma 0 and draft None: plain) run for a given number of
+    rounds: a jitted fn(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds
+    <= max_rounds) -> tokens generated per row. No row finishes within max_rounds rounds (room
+    for every draft accepted, no EOS), so each round does a full round's work;
+    `timing.decoder_round_timer` times a round, and a run's fixed part, with it.
+    """
+    policy = Lookahead("static", gamma).static_part if gamma else None
+    spec = _Spec(
+        gamma, policy, max_rounds * (gamma + 1), SamplingConfig(), None, None,
+        shared_vocab_size(target, draft, vocab_size),
+    )  # fmt: skip
+    inputs = {"threshold": jnp.float32(0), "start": jnp.int32(1)}
+
+    @jax.jit
+    def run(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds):
+        rng = jax.random.PRNGKey(0)
+        return _decode(target, draft, spec, target_params, draft_params, prompt_tokens,
+                       prompt_lengths, rng, inputs, num_rounds)["lengths"]  # fmt: skip
+
+    return run
 
 
 def shared_vocab_size(target, draft, vocab_size: int | None) -> int:
@@ -357,8 +399,11 @@ def shared_vocab_size(target, draft, vocab_size: int | None) -> int:
 def _check_prompt(prompt_tokens, prompt_lengths, num_ids: int) -> tuple[jax.Array, jax.Array]:
     """Shapes, lengths in [1, P], and ids of the real prompt tokens in [0, num_ids) (an id past
     an embedding reads garbage, NaN on some backends, and every metric after it is wrong)."""
-    prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
-    prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+    # Host input stays numpy (checked here, sent with the call); device arrays stay on device.
+    asarray = lambda x: jnp.asarray(x, jnp.int32) if isinstance(x, jax.Array) else np.asarray(
+        x, np.int32
+    )
+    prompt_tokens, prompt_lengths = asarray(prompt_tokens), asarray(prompt_lengths)
     if prompt_tokens.ndim != 2 or prompt_lengths.shape != prompt_tokens.shape[:1]:
         raise ValueError(
             "prompt_tokens must be [B, P] and prompt_lengths [B]; got shapes "
@@ -383,15 +428,21 @@ def _check_prompt(prompt_tokens, prompt_lengths, num_ids: int) -> tuple[jax.Arra
     return prompt_tokens, prompt_lengths
 
 
+@functools.cache
+def _default_rng() -> jax.Array:
+    return jax.random.PRNGKey(0)
+
+
 def _run(
-    target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec, inputs
-):
+    target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec, inputs,
+    packed=False,
+):  # fmt: skip
     if not (isinstance(spec.max_new_tokens, int) and spec.max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {spec.max_new_tokens!r}")
     sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
     prompt_tokens, prompt_lengths = _check_prompt(prompt_tokens, prompt_lengths, min(sizes))
-    rng = jax.random.PRNGKey(0) if rng is None else rng
-    fn = _compiled(target, draft, spec)
+    rng = _default_rng() if rng is None else rng
+    fn = _compiled(target, draft, spec, packed)
     return fn(target_params, draft_params, prompt_tokens, prompt_lengths, rng, inputs)
 
 
@@ -429,8 +480,8 @@ def _policy_inputs(policy: Lookahead, classifier, oracle_tokens, spec: _Spec, ba
             f"oracle_tokens= is used by lookahead kind 'oracle' only, not {policy.kind!r}"
         )
     return {
-        "threshold": jnp.float32(policy.threshold),
-        "start": jnp.int32(policy.start),
+        "threshold": np.float32(policy.threshold),
+        "start": np.int32(policy.start),
         "classifier": classifier,
         "oracle_tokens": oracle_tokens,
     }
@@ -462,11 +513,9 @@ def generate(
     Returns:
       DecodeResult; target_calls counts one per generated token.
     """
-    out = generate_on_device(
-        model, params, prompt_tokens, prompt_lengths, rng, max_new_tokens=max_new_tokens,
-        sampling=sampling, eos_id=eos_id, vocab_size=vocab_size,
-    )  # fmt: skip
-    return DecodeResult(**jax.device_get(out))
+    out = _plain(model, params, prompt_tokens, prompt_lengths, rng, max_new_tokens, sampling,
+                 eos_id, vocab_size, packed=True)  # fmt: skip
+    return _unpacked(*jax.device_get(out))
 
 
 def generate_on_device(
@@ -486,11 +535,19 @@ def generate_on_device(
     Traceable, so training calls it inside jit for on-policy samples; and fit for the global
     arrays of a multi-process run, which no single host can read whole.
     """
+    return _plain(model, params, prompt_tokens, prompt_lengths, rng, max_new_tokens, sampling,
+                  eos_id, vocab_size, packed=False)  # fmt: skip
+
+
+def _plain(model, params, prompt_tokens, prompt_lengths, rng, max_new_tokens, sampling, eos_id,
+           vocab_size, packed):  # fmt: skip
     spec = _Spec(
         0, None, max_new_tokens, sampling, None, eos_id, shared_vocab_size(model, None, vocab_size)
     )
-    inputs = {"start": jnp.int32(1)}
-    return _run(model, None, params, None, prompt_tokens, prompt_lengths, rng, spec, inputs)
+    inputs = {"start": np.int32(1)}
+    return _run(
+        model, None, params, None, prompt_tokens, prompt_lengths, rng, spec, inputs, packed
+    )
 
 
 def speculative_generate(
@@ -544,6 +601,7 @@ def speculative_generate(
     )
     inputs = _policy_inputs(lookahead, classifier, oracle_tokens, spec, np.shape(prompt_tokens)[0])
     out = _run(
-        target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec, inputs
-    )
-    return DecodeResult(**jax.device_get(out))
+        target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec,
+        inputs, packed=True,
+    )  # fmt: skip
+    return _unpacked(*jax.device_get(out))

@@ -17,7 +17,8 @@ from tests.test_utils import perturbed, tiny_lm
 
 NEW_KEYS = (
     "c", "c_isolated", "r_gamma", "target_ms", "verify_ms", "draft_ms", "draft_ms_isolated",
-    "loop_ms", "speedup_ideal", "efficiency", "speedup_ideal_isolated", "efficiency_isolated",
+    "loop_ms", "spec_loop_ms", "plain_fixed_ms", "spec_fixed_ms",
+    "speedup_ideal", "efficiency", "speedup_ideal_isolated", "efficiency_isolated",
     "plain_latency_ms", "speculative_latency_ms", "plain_modeled_latency_ms",
     "speculative_modeled_latency_ms", "plain_modeled_over_measured",
     "speculative_modeled_over_measured",
@@ -49,10 +50,8 @@ def test_measure_reports_the_in_context_cost_model():
     assert record["efficiency"] == pytest.approx(
         record["speedup"] / record["speedup_ideal"], rel=1e-2
     )
-    # loop_ms comes from the plain runs themselves, so plain's model reproduces them (batch 2:
-    # one call per lockstep step, not one per row).
-    if record["loop_ms"] > 0:
-        assert record["plain_modeled_over_measured"] == pytest.approx(1.0, abs=0.01)
+    assert record["spec_loop_ms"] >= 0
+    assert record["plain_fixed_ms"] > 0 and record["spec_fixed_ms"] > 0  # Prefill at least.
 
 
 def test_in_context_costs_take_the_draft_from_the_alternating_rounds():
@@ -63,9 +62,12 @@ def test_in_context_costs_take_the_draft_from_the_alternating_rounds():
         "verify": [2.0, 4.0, 2.0],
         "round": [2.8, 5.6, 2.8],  # 4 draft steps of 0.2 s after the verify call's 2 s.
         "draft": [0.05, 0.1, 0.05],  # Alone, cache-hot: 4x cheaper than in the round.
-        "plain": [150.0, 300.0, 140.0],  # 100 steps of 1.5 s: 0.5 s outside the target call.
+        # The decoders' own rounds (s per round, s fixed per run): a plain step 0.5 s more than
+        # its target call, a speculative round 0.7 s more than its model calls.
+        "plain_decoder": [(1.5, 10.0), (3.0, 20.0), (1.4, 12.0)],
+        "decoder_round": [(3.5, 30.0), (7.0, 60.0), (3.6, 31.0)],
     }
-    costs = bench.in_context_costs(seconds, gamma, plain_steps=100)
+    costs = bench.in_context_costs(seconds, gamma)
     assert costs["c"] == pytest.approx(0.2)
     assert costs["c_isolated"] == pytest.approx(0.05)
     assert costs["r_gamma"] == pytest.approx(2.0)
@@ -74,8 +76,11 @@ def test_in_context_costs_take_the_draft_from_the_alternating_rounds():
     assert costs["target_ms"] == pytest.approx(1000.0)
     assert costs["verify_ms"] == pytest.approx(2000.0)
     assert costs["loop_ms"] == pytest.approx(500.0)
+    assert costs["spec_loop_ms"] == pytest.approx(800.0)  # Median of 0.7, 1.4, 0.8 s.
+    assert costs["plain_fixed_ms"] == pytest.approx(12000.0)
+    assert costs["spec_fixed_ms"] == pytest.approx(31000.0)
     # A round timed faster than its verify call alone (noise) prices the draft at 0, not < 0.
-    noisy = bench.in_context_costs({**seconds, "round": [1.9] * 3}, gamma, plain_steps=100)
+    noisy = bench.in_context_costs({**seconds, "round": [1.9] * 3}, gamma)
     assert noisy["c"] == 0.0 and noisy["draft_ms"] == 0.0
 
 
@@ -90,13 +95,16 @@ def _result(target_calls, draft_calls, lengths) -> DecodeResult:
 
 
 def test_modeled_latency_prices_the_busiest_row_of_a_lockstep_batch():
-    costs = {"target_ms": 1.0, "verify_ms": 2.0, "draft_ms": 0.2, "loop_ms": 0.5}
+    costs = {"target_ms": 1.0, "verify_ms": 2.0, "draft_ms": 0.2, "loop_ms": 0.5,
+             "spec_loop_ms": 0.7, "plain_fixed_ms": 3.0, "spec_fixed_ms": 4.0}  # fmt: skip
     # Rows in lockstep: the batch runs 5 rounds (the busiest row's), each of one verify call,
-    # 4 draft calls and the loop's work, for 2 x 16 tokens.
+    # 4 draft calls and the speculative loop's own work, plus the run's fixed part, for 2 x 16
+    # tokens.
     spec = _result([3, 5], [12, 20], [16, 16])
-    assert bench.modeled_ms_per_token(spec, 4, costs) == pytest.approx((5 * 2.5 + 20 * 0.2) / 32)
+    want = (4.0 + 5 * 2.7 + 20 * 0.2) / 32
+    assert bench.modeled_ms_per_token(spec, 4, costs) == pytest.approx(want)
     plain = _result([8, 8], [0, 0], [8, 8])
-    assert bench.modeled_ms_per_token(plain, 0, costs) == pytest.approx(8 * 1.5 / 16)
+    assert bench.modeled_ms_per_token(plain, 0, costs) == pytest.approx((3.0 + 8 * 1.5) / 16)
 
 
 def test_bad_dtype_names_the_value_and_the_valid_ones(capsys):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from distillspec.decoding import generate, speculative_generate
+from distillspec.decoding import fixed_round_decoder, generate, speculative_generate
 from distillspec.sampling import SamplingConfig, logits_to_probs
 from distillspec.speculative import Lenience
 from tests.test_utils import TRACE_COUNTS, MarkovStub, markov_pair, ragged_prompts
@@ -91,6 +91,20 @@ def test_draft_equal_to_target_accepts_every_draft(sampling, dtype):
     )
     np.testing.assert_array_equal(out.accepted, out.drafted)
     np.testing.assert_array_equal(out.target_calls, 4)  # 16 tokens, 4 per round.
+
+
+def test_fixed_round_decoder_runs_exactly_the_rounds_asked_for(pair):
+    # The timing calibration of a round (`timing.decoder_round_timer`) needs every round full.
+    target, draft = pair
+    prompts, lengths = ragged_prompts(4, 3, target.vocab_size)
+    same = fixed_round_decoder(target, target, gamma=3, max_rounds=6)
+    for rounds in (1, 6):  # Every draft accepted: 4 tokens per round, no row done early.
+        np.testing.assert_array_equal(same(None, None, prompts, lengths, rounds), 4 * rounds)
+    # A draft that is sometimes wrong: 1 to 4 tokens per round, still exactly 6 rounds.
+    other = fixed_round_decoder(target, draft, gamma=3, max_rounds=6)(
+        None, None, prompts, lengths, 6
+    )
+    assert (other >= 6).all() and (other <= 24).all() and (other < 24).any()
 
 
 def test_eos_and_max_length_per_row():

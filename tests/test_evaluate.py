@@ -370,6 +370,11 @@ def test_modeled_latency_by_hand():
     hist = [1, 1, 0, 1, 0, 0]
     disco = timing.modeled_latency_ms(Lookahead("disco", 5), hist, 6, 7, costs)
     assert disco == pytest.approx((1.0 + 1.5 + 2.5 + 3 * 0.3 + 3 * 0.2 + 3 * 0.1) / 7)
+    # A measured speculative round's own work prices speculative rounds; plain steps keep 'round'.
+    with_spec = {**costs, "spec_round": 0.5}
+    static = timing.modeled_latency_ms(Lookahead("static", 5), [0] * 5 + [2], 10, 8, with_spec)
+    assert static == pytest.approx((2 * (3.5 + 0.5) + 2 * 0.2 + 8 * 0.1) / 8)
+    assert timing.modeled_latency_ms(None, [10], 0, 10, with_spec) == pytest.approx(1.3)
 
 
 def test_evaluate_run_rejects_a_bad_dtype_before_loading(tmp_path):
@@ -387,14 +392,16 @@ def test_call_costs_price_the_draft_in_the_loops_context_and_keep_the_isolated_f
     draft_params = perturbed(params, 0.05, seed=1)
     prompt = (np.ones((1, 4), np.int32), np.array([4], np.int32))
     costs = timing.measure_call_costs(
-        target, params, target, draft_params, prompt, (1, 4), max_new_tokens=8, repeats=3
+        target, params, target, draft_params, prompt, (1, 4), repeats=3
     )
     assert sorted(costs["target"]) == [1, 2, 4] and all(v > 0 for v in costs["target"].values())
     assert costs["draft"][1] == costs["draft"][2] >= 0  # One in-context step price.
     assert sorted(costs["draft_isolated"]) == [1, 2]
     assert all(v > 0 for v in costs["draft_isolated"].values()) and costs["round"] >= 0
+    assert costs["spec_round"] >= 0
     # The cost model prices a static-3 run with them.
     modeled = timing.modeled_latency_ms(timing.sl.Lookahead("static", 3), [0, 0, 0, 2], 6, 8, costs)
-    expected = (2 * (costs["target"][4] + costs["round"]) + 2 * costs["draft"][2]
-                + 4 * costs["draft"][1]) / 8  # fmt: skip
+    assert costs["fixed"]["plain"] > 0 and costs["fixed"]["spec"] > 0  # Prefill at least.
+    expected = (costs["fixed"]["spec"] + 2 * (costs["target"][4] + costs["spec_round"])
+                + 2 * costs["draft"][2] + 4 * costs["draft"][1]) / 8  # fmt: skip
     assert modeled == pytest.approx(expected)

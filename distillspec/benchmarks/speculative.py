@@ -22,13 +22,16 @@ the call timers below interleaved (one of each per repeat), one record per (dtyp
   speedup_ideal_isolated, efficiency_isolated   the same with c_isolated;
   target_ms, verify_ms, draft_ms, draft_ms_isolated   ms per call behind c and r_gamma: target
                       at width 1, at gamma + 1, draft in context, draft alone;
-  loop_ms             the loop's own work per step outside the model calls: plain ms per step -
-                      target_ms (>= 0), priced once per round in the modeled latencies;
+  loop_ms, spec_loop_ms   the loop's own work outside the model calls per plain step / per
+                      speculative round: a round of the decoder itself (`timing.
+                      decoder_round_timer`, a jitted loop of its rounds) - the round's model
+                      calls (the target's `step_timer` / `timing.round_timer`), >= 0;
+  plain_fixed_ms, spec_fixed_ms   a run's cost outside its rounds (prefill, dispatch, output),
+                      from the same decoder timers;
   plain_latency_ms, speculative_latency_ms              measured ms per generated token;
   plain_modeled_latency_ms, speculative_modeled_latency_ms   `timing.modeled_latency_ms` of the
                       run's counted calls (rows run in lockstep: the busiest row's rounds) priced
-                      at the in-context costs above (plain: equal to the measured latency, since
-                      loop_ms is derived from it, unless loop_ms is clamped at 0);
+                      at the in-context costs above, plus the run's fixed part;
   plain_modeled_over_measured, speculative_modeled_over_measured   modeled / measured latency;
   exact_greedy        whether every speculative greedy output equals the plain greedy output.
 Ratios are medians over the interleaved repeats; absolute times are context only. `--dtype`
@@ -56,6 +59,7 @@ import json
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +68,7 @@ import numpy as np
 from distillspec.benchmarks import emit
 from distillspec.decoding import DecodeResult, generate, speculative_generate
 from distillspec.evaluation.timing import (
+    decoder_round_timer,
     interleaved,
     megabytes,
     modeled_latency_ms,
@@ -121,27 +126,29 @@ def _median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b))
 
 
-def in_context_costs(
-    seconds: Mapping[str, Sequence[float]], gamma: int, plain_steps: int
-) -> dict[str, float]:
+def in_context_costs(seconds: Mapping[str, Sequence[Any]], gamma: int) -> dict[str, float]:
     """The cost model's figures from interleaved timings, one entry per repeat in each list.
 
     Args:
       seconds: 'target' / 'verify' (s per target call scoring 1 / gamma + 1 positions),
         'round' (s per round of gamma draft steps and the verify call, `timing.round_timer`),
-        'draft' (s per draft call timed alone) and 'plain' (s per plain decoding run).
-      plain_steps: loop steps of a plain run (the busiest row's target calls).
+        'draft' (s per draft call timed alone), 'decoder_round' / 'plain_decoder' ((s per
+        round, s fixed per run) of the speculative / plain decoder itself,
+        `timing.decoder_round_timer`).
 
     Returns:
       c, c_isolated, r_gamma (medians of per-repeat ratios) and target_ms, verify_ms, draft_ms,
-      draft_ms_isolated (medians, ms), loop_ms (median plain ms per step - target_ms, >= 0, so
-      that the plain run's modeled latency is its measured one). The in-context draft step of a
-      repeat is (round - verify) / gamma: the round's first draft call scores 2 positions, the
+      draft_ms_isolated (medians, ms), loop_ms / spec_loop_ms (medians of a plain / speculative
+      decoder round minus its model calls, >= 0), plain_fixed_ms / spec_fixed_ms (medians, ms).
+      The in-context draft step of a repeat is (round - verify) / gamma: the round's first draft call scores 2 positions, the
       others 1, and a static round makes exactly these calls, so both widths are priced at the
       mean (>= 0: on a tiny pair timing noise can make a round look cheaper than its verify).
     """
     draft = [max(r - v, 0.0) / gamma for r, v in zip(seconds["round"], seconds["verify"])]
     ms = lambda values: 1e3 * statistics.median(values)
+    loop = lambda decoder, calls: ms(
+        [max(run[0] - call, 0.0) for run, call in zip(seconds[decoder], seconds[calls])]
+    )
     return {
         "c": _median_ratio(draft, seconds["target"]),
         "c_isolated": _median_ratio(seconds["draft"], seconds["target"]),
@@ -150,7 +157,10 @@ def in_context_costs(
         "verify_ms": ms(seconds["verify"]),
         "draft_ms": ms(draft),
         "draft_ms_isolated": ms(seconds["draft"]),
-        "loop_ms": max(ms(seconds["plain"]) / plain_steps - ms(seconds["target"]), 0.0),
+        "loop_ms": loop("plain_decoder", "target"),
+        "spec_loop_ms": loop("decoder_round", "round"),
+        "plain_fixed_ms": ms([fixed for _, fixed in seconds["plain_decoder"]]),
+        "spec_fixed_ms": ms([fixed for _, fixed in seconds["decoder_round"]]),
     }
 
 
@@ -163,7 +173,8 @@ def modeled_ms_per_token(out: DecodeResult, gamma: int, costs: Mapping[str, floa
     model = {
         "target": {1: costs["target_ms"], **({gamma + 1: costs["verify_ms"]} if gamma else {})},
         "draft": {1: costs["draft_ms"], 2: costs["draft_ms"]},
-        "round": costs["loop_ms"],
+        "round": costs["spec_loop_ms"] if gamma else costs["loop_ms"],
+        "fixed": {"spec": costs["spec_fixed_ms"], "plain": costs["plain_fixed_ms"]},
     }
     policy = Lookahead("static", gamma) if gamma else None
     histogram = [0] * gamma + [steps]
@@ -216,12 +227,15 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats:
         gamma=gamma, max_new_tokens=max_new_tokens,
     )  # fmt: skip
     calls = max(8, max_new_tokens // (gamma + 1))
+    timed_pair = (target, target_params, draft, draft_params, prompts, lengths, gamma, calls)
     timers = {
         "draft": step_timer(draft, draft_params, prompts, lengths, 1, calls),
         "target": step_timer(target, target_params, prompts, lengths, 1, calls),
         "verify": step_timer(target, target_params, prompts, lengths, gamma + 1, calls),
-        "round": round_timer(
-            target, target_params, draft, draft_params, prompts, lengths, gamma, calls
+        "round": round_timer(*timed_pair),
+        "decoder_round": decoder_round_timer(*timed_pair),
+        "plain_decoder": decoder_round_timer(
+            target, target_params, None, None, prompts, lengths, 0, calls
         ),
     }
     plain(), spec()  # Compiles both.
@@ -229,8 +243,7 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats:
     plain_out, spec_out = runs["plain"][-1], runs["spec"][-1]
     plain_s, spec_s = seconds["plain"], seconds["spec"]
     speedup = _median_ratio(plain_s, spec_s)
-    steps = int(plain_out.target_calls.max())
-    costs = in_context_costs({**{k: runs[k] for k in timers}, "plain": plain_s}, gamma, steps)
+    costs = in_context_costs({k: runs[k] for k in timers}, gamma)
     ideal = lambda c: spec_out.tau / (gamma * c + costs["r_gamma"])
     tokens = batch * max_new_tokens
     latency = {

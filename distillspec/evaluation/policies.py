@@ -87,7 +87,7 @@ def _policy_fields(
         "latency_ms": latency,
         "modeled_latency_ms": None
         if costs is None
-        else modeled_latency_ms(lookahead, hist, total("draft_calls"), tokens, costs),
+        else modeled_latency_ms(lookahead, hist, total("draft_calls"), tokens, costs, len(runs)),
         "target_latency_ms": target_latency,
         "speedup": target_latency / max(latency, 1e-12),
         "exact": all(
@@ -276,10 +276,7 @@ def evaluate_policies(
         if model_costs:
             first = single_prompts(next(iter(sets.values())))[0]
             widths = {w for la in lookaheads.values() for w in sl.verify_widths(la)}
-            costs = measure_call_costs(
-                target, target_params, draft, draft_params, first, widths,
-                max_new_tokens=max_new_tokens,
-            )  # fmt: skip
+            costs = measure_call_costs(target, target_params, draft, draft_params, first, widths)
         for (task, split), batches in sets.items():
             measured = measure_policies(
                 target, target_params, draft, draft_params,

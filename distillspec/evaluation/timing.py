@@ -11,8 +11,11 @@ are on the host before the clock is read (the decoders return host arrays), and 
   round_timer         seconds per speculative round's model calls (gamma draft steps, then the
                       target scoring gamma + 1 positions) inside a jitted loop alternating them,
                       so the draft runs with the target's weights passing through the caches.
+  decoder_round_timer seconds per round of the speculative decoder itself (static gamma,
+                      greedy): its model calls and its own work (selection, acceptance,
+                      bookkeeping).
   measure_call_costs  ms per target call by width, per draft call (in the loop's context and
-                      alone), and the loop's own work.
+                      alone), and the loop's own work per plain step and per speculative round.
   modeled_latency_ms  ms per token of a decoding run from its counted calls and those costs.
 """
 
@@ -31,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from distillspec import lookahead as sl
-from distillspec.decoding import generate
+from distillspec.decoding import fixed_round_decoder
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -184,6 +187,29 @@ def round_timer(target, target_params, draft, draft_params, prompts, lengths, ga
     return _per_call_timer(lambda n: run(target_params, draft_params, prompts, lengths, n), rounds)
 
 
+def decoder_round_timer(target, target_params, draft, draft_params, prompts, lengths,
+                        gamma: int, rounds: int):  # fmt: skip
+    """The decoder's own loop (`decoding.fixed_round_decoder`: greedy, static gamma, every round
+    full; gamma 0 and draft None: plain) as a zero-argument timer of (seconds per round, seconds
+    per run outside its rounds: prefill, dispatch, output), compiled before it is returned.
+
+    Minus a `round_timer` of the same pair and gamma (plain: a target `step_timer`), the first
+    leaves the loop's own work per round: what a round spends outside its model calls."""
+    run = fixed_round_decoder(target, draft, gamma, rounds)
+
+    def timer() -> tuple[float, float]:
+        times = []
+        for n in (rounds, 1):
+            start = time.perf_counter()
+            run(target_params, draft_params, prompts, lengths, n).block_until_ready()
+            times.append(time.perf_counter() - start)
+        per_round = (times[0] - times[1]) / (rounds - 1)
+        return per_round, max(times[1] - per_round, 0.0)
+
+    timer()  # Compiles.
+    return timer
+
+
 def measure_call_costs(
     target,
     target_params,
@@ -192,7 +218,6 @@ def measure_call_costs(
     prompt: tuple[np.ndarray, np.ndarray],
     widths: Iterable[int],
     *,
-    max_new_tokens: int,
     repeats: int = 5,
 ) -> dict[str, Any]:
     """Measured milliseconds per model call at batch 1, for `modeled_latency_ms`.
@@ -200,13 +225,16 @@ def measure_call_costs(
     Returns:
       {'target': {w: one target call scoring w positions}, 'draft': {1: .., 2: ..} the draft
        step in the loop's context, 'draft_isolated': {1: .., 2: ..} timed in a loop of draft
-       calls alone, 'round': the decoding loop's own work per step (plain ms/token -
-       target[1], >= 0)}.
-    Each figure is the median of `repeats` timings of a jitted loop of calls (`step_timer`).
-    The in-context draft step is (a round of gamma draft steps and the target's gamma + 1 wide
+       calls alone, 'round' / 'spec_round': the loop's own work per plain step / speculative
+       round (a round of the decoder itself, `decoder_round_timer`, minus its model calls,
+       >= 0), 'fixed': {'plain': .., 'spec': ..} a run's cost outside its rounds (prefill of
+       the model(s), dispatch, output)}.
+    Each figure is the median of `repeats` timings of a jitted loop of calls or rounds. The
+    in-context draft step is (a round of gamma draft steps and the target's gamma + 1 wide
     call, `round_timer`, at gamma = the widest verify width - 1) minus that target call, / gamma,
     medians of per-repeat differences: alone, the draft's weights stay cache-hot and a draft
-    step looks several times cheaper than it is inside the decoding loop.
+    step looks several times cheaper than it is inside the decoding loop. The speculative
+    loop's own work and fixed part are measured at that gamma and priced for every policy.
     """
     tokens, lengths = prompt
 
@@ -217,44 +245,50 @@ def measure_call_costs(
     target_ms = {w: timed(step_timer(target, target_params, tokens, lengths, w, calls=16))
                  for w in widths}  # fmt: skip
     gamma = max(widths) - 1
-    rounds = timed(
-        round_timer(target, target_params, draft, draft_params, tokens, lengths, gamma, 16)
-    )
+    pair = (target, target_params, draft, draft_params, tokens, lengths, gamma, 16)
+    rounds = timed(round_timer(*pair))
     in_context = statistics.median(
         max(r - v, 0.0) / gamma for r, v in zip(rounds, target_ms[gamma + 1])
     )
     isolated = {w: statistics.median(timed(step_timer(draft, draft_params, tokens, lengths, w,
                                                       calls=16))) for w in (1, 2)}  # fmt: skip
-    costs = {
+    spec_timer = decoder_round_timer(*pair)
+    plain_timer = decoder_round_timer(target, target_params, None, None, tokens, lengths, 0, 16)
+    spec, plain = [spec_timer() for _ in range(repeats)], [plain_timer() for _ in range(repeats)]
+    loop = lambda runs, calls: statistics.median(
+        max(1e3 * run[0] - call, 0.0) for run, call in zip(runs, calls)
+    )
+    return {
         "target": {w: statistics.median(ms) for w, ms in target_ms.items()},
         "draft": {1: in_context, 2: in_context},
         "draft_isolated": isolated,
+        "round": loop(plain, target_ms[1]),
+        "spec_round": loop(spec, rounds),
+        "fixed": {name: statistics.median(1e3 * run[1] for run in runs)
+                  for name, runs in (("plain", plain), ("spec", spec))},  # fmt: skip
     }
-    plain = lambda: generate(target, target_params, tokens, lengths, max_new_tokens=max_new_tokens)
-    result = plain()
-    seconds = statistics.median(interleaved({"plain": plain}, repeats)[1]["plain"])
-    per_token = 1e3 * seconds / max(int(result.lengths.sum()), 1)
-    costs["round"] = max(per_token - costs["target"][1], 0.0)
-    return costs
 
 
 def modeled_latency_ms(
     policy: sl.Lookahead | None, sl_histogram: Sequence[int], draft_calls: int, tokens: int,
-    costs: Mapping[str, Any],
+    costs: Mapping[str, Any], runs: int = 1,
 ) -> float:  # fmt: skip
-    """ms per token from counted calls and measured call costs (`measure_call_costs`).
+    """ms per token of `runs` decoding runs from counted calls and measured costs
+    (`measure_call_costs`).
 
     Each round costs the target call at the width the decoder used (`verify_widths`) plus the
-    loop's per-round work; each draft call costs a draft step (the first of a round scores 2
-    positions). Deterministic for greedy decoding, so it ranks policies without the timing noise
+    loop's own work per round ('spec_round' for speculative rounds where measured, else 'round',
+    a plain step's); each draft call costs a draft step (the first of a round scores 2
+    positions); each run costs its fixed part ('fixed', where measured: prefill, dispatch). Deterministic for greedy decoding, so it ranks policies without the timing noise
     of a shared machine; the measured latency is reported beside it.
     """
     widths = sl.verify_widths(policy) if policy else (1,)
-    total = 0.0
+    loop = costs.get("spec_round", costs["round"]) if policy else costs["round"]
+    total = runs * costs.get("fixed", {}).get("spec" if policy else "plain", 0.0)
     for drafts, rounds in enumerate(sl_histogram):
         if rounds:
             width = min(w for w in widths if w >= drafts + 1)
-            total += rounds * (costs["target"][width] + costs["round"])
+            total += rounds * (costs["target"][width] + loop)
     if policy:
         rounds = int(np.sum(sl_histogram))
         total += rounds * costs["draft"][2] + (draft_calls - rounds) * costs["draft"][1]
