@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,3 +153,12 @@ def test_train_step_benchmark_names_the_flags_when_the_quickstart_pair_is_missin
     with pytest.raises(SystemExit) as e:
         step_bench.main([])
     assert "--teacher" in str(e.value) and "--student" in str(e.value) and "--tiny" in str(e.value)
+
+
+def test_sampler_cost_script_times_every_draw():
+    import runpy
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "sampler_cost.py"))
+    record = script["main"](["--vocab", "16", "--repeats", "1"])
+    for key in ("gumbel_max_us", "sampler_us", "argmax_us", "gumbel_over_sampler"):
+        assert math.isfinite(record[key]) and record[key] > 0, (key, record)

@@ -4,12 +4,13 @@ import functools
 import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
 
 from distillspec.decoding import fixed_round_decoder, generate, speculative_generate
-from distillspec.sampling import SamplingConfig, logits_to_probs
+from distillspec.sampling import SamplingConfig, logits_to_probs, sample_categorical
 from distillspec.speculative import Lenience
 from tests.test_utils import TRACE_COUNTS, MarkovStub, markov_pair, ragged_prompts
 
@@ -190,6 +191,20 @@ def test_sampling_reproduces_target_distribution(gamma, sampling, dtype):
         expected = _exact_joint(target, [1, 2], n_tokens)
     assert _chi2_pvalue(counts, expected) > 1e-3
     assert 0.2 < out.alpha < 0.95
+
+
+def test_sample_categorical_draws_each_id_with_its_probability_and_never_an_id_of_mass_0():
+    # Unnormalised rows with zeros (a residual max(0, p - q) looks like this), many draws.
+    rng = np.random.default_rng(0)
+    probs = rng.random((3, 12)) * (rng.random((3, 12)) < 0.6)
+    probs[:, 0], probs[2, 5:] = 0.0, 0.0  # The first id and a row's tail have mass 0.
+    probs = np.float32(probs) * np.float32([[1.0], [0.3], [2.5]])
+    keys = jax.random.split(jax.random.PRNGKey(0), 40_000)
+    draws = np.asarray(jax.vmap(lambda k: sample_categorical(k, jnp.asarray(probs)))(keys))
+    for row in range(3):
+        counts = np.bincount(draws[:, row], minlength=12)
+        assert counts[probs[row] == 0].sum() == 0, counts
+        assert _chi2_pvalue(counts, np.float64(probs[row]) / probs[row].sum()) > 1e-3
 
 
 def test_distribution_test_has_power_against_a_wrong_rule():
