@@ -400,8 +400,8 @@ def _check_prompt(prompt_tokens, prompt_lengths, num_ids: int) -> tuple[jax.Arra
     """Shapes, lengths in [1, P], and ids of the real prompt tokens in [0, num_ids) (an id past
     an embedding reads garbage, NaN on some backends, and every metric after it is wrong)."""
     # Host input stays numpy (checked here, sent with the call); device arrays stay on device.
-    asarray = lambda x: jnp.asarray(x, jnp.int32) if isinstance(x, jax.Array) else np.asarray(
-        x, np.int32
+    asarray = lambda x: (
+        jnp.asarray(x, jnp.int32) if isinstance(x, jax.Array) else np.asarray(x, np.int32)
     )
     prompt_tokens, prompt_lengths = asarray(prompt_tokens), asarray(prompt_lengths)
     if prompt_tokens.ndim != 2 or prompt_lengths.shape != prompt_tokens.shape[:1]:
@@ -545,9 +545,7 @@ def _plain(model, params, prompt_tokens, prompt_lengths, rng, max_new_tokens, sa
         0, None, max_new_tokens, sampling, None, eos_id, shared_vocab_size(model, None, vocab_size)
     )
     inputs = {"start": np.int32(1)}
-    return _run(
-        model, None, params, None, prompt_tokens, prompt_lengths, rng, spec, inputs, packed
-    )
+    return _run(model, None, params, None, prompt_tokens, prompt_lengths, rng, spec, inputs, packed)
 
 
 def speculative_generate(

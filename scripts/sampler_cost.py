@@ -41,9 +41,7 @@ def microseconds_per_draw(draw, probs, repeats: int, steps: int = 200) -> float:
         return time.perf_counter() - start
 
     timed(steps), timed(1)  # Compiles.
-    return statistics.median(
-        1e6 * (timed(steps) - timed(1)) / (steps - 1) for _ in range(repeats)
-    )
+    return statistics.median(1e6 * (timed(steps) - timed(1)) / (steps - 1) for _ in range(repeats))
 
 
 def main(argv=None) -> dict:

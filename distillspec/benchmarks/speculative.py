@@ -140,9 +140,10 @@ def in_context_costs(seconds: Mapping[str, Sequence[Any]], gamma: int) -> dict[s
       c, c_isolated, r_gamma (medians of per-repeat ratios) and target_ms, verify_ms, draft_ms,
       draft_ms_isolated (medians, ms), loop_ms / spec_loop_ms (medians of a plain / speculative
       decoder round minus its model calls, >= 0), plain_fixed_ms / spec_fixed_ms (medians, ms).
-      The in-context draft step of a repeat is (round - verify) / gamma: the round's first draft call scores 2 positions, the
-      others 1, and a static round makes exactly these calls, so both widths are priced at the
-      mean (>= 0: on a tiny pair timing noise can make a round look cheaper than its verify).
+      The in-context draft step of a repeat is (round - verify) / gamma: the round's first draft
+      call scores 2 positions, the others 1, and a static round makes exactly these calls, so
+      both widths are priced at the mean (>= 0: on a tiny pair timing noise can make a round
+      look cheaper than its verify).
     """
     draft = [max(r - v, 0.0) / gamma for r, v in zip(seconds["round"], seconds["verify"])]
     ms = lambda values: 1e3 * statistics.median(values)

@@ -264,8 +264,10 @@ def measure_call_costs(
         "draft_isolated": isolated,
         "round": loop(plain, target_ms[1]),
         "spec_round": loop(spec, rounds),
-        "fixed": {name: statistics.median(1e3 * run[1] for run in runs)
-                  for name, runs in (("plain", plain), ("spec", spec))},  # fmt: skip
+        "fixed": {
+            name: statistics.median(1e3 * run[1] for run in runs)
+            for name, runs in (("plain", plain), ("spec", spec))
+        },  # fmt: skip
     }
 
 
@@ -279,8 +281,9 @@ def modeled_latency_ms(
     Each round costs the target call at the width the decoder used (`verify_widths`) plus the
     loop's own work per round ('spec_round' for speculative rounds where measured, else 'round',
     a plain step's); each draft call costs a draft step (the first of a round scores 2
-    positions); each run costs its fixed part ('fixed', where measured: prefill, dispatch). Deterministic for greedy decoding, so it ranks policies without the timing noise
-    of a shared machine; the measured latency is reported beside it.
+    positions); each run costs its fixed part ('fixed', where measured: prefill, dispatch).
+    Deterministic for greedy decoding, so it ranks policies without the timing noise of a
+    shared machine; the measured latency is reported beside it.
     """
     widths = sl.verify_widths(policy) if policy else (1,)
     loop = costs.get("spec_round", costs["round"]) if policy else costs["round"]
