@@ -133,17 +133,25 @@ def step_timer(model, params, prompts, lengths, tokens_per_call: int, calls: int
 def _per_call_timer(run: Callable[[int], jax.Array], calls: int) -> Callable[[], float]:
     """A zero-argument timer of seconds per call of run(n), a jitted loop of n calls: the
     difference of a long and a short loop, so prefill and dispatch cancel out. Compiles first."""
+    timer = _linear_timer(run, calls)
+    return lambda: timer()[0]
 
-    def seconds_per_call() -> float:
+
+def _linear_timer(run: Callable[[int], jax.Array], calls: int) -> Callable[[], tuple[float, float]]:
+    """`_per_call_timer` that also gives what cancelled out: (seconds per call, seconds of a run
+    outside its calls: prefill, dispatch, output), >= 0. Compiles first."""
+
+    def timer() -> tuple[float, float]:
         times = []
         for n in (calls, 1):
             start = time.perf_counter()
             run(n).block_until_ready()
             times.append(time.perf_counter() - start)
-        return (times[0] - times[1]) / (calls - 1)
+        per_call = (times[0] - times[1]) / (calls - 1)
+        return per_call, max(times[1] - per_call, 0.0)
 
-    seconds_per_call()  # Compiles.
-    return seconds_per_call
+    timer()  # Compiles.
+    return timer
 
 
 def round_timer(target, target_params, draft, draft_params, prompts, lengths, gamma: int,
@@ -196,18 +204,7 @@ def decoder_round_timer(target, target_params, draft, draft_params, prompts, len
     Minus a `round_timer` of the same pair and gamma (plain: a target `step_timer`), the first
     leaves the loop's own work per round: what a round spends outside its model calls."""
     run = fixed_round_decoder(target, draft, gamma, rounds)
-
-    def timer() -> tuple[float, float]:
-        times = []
-        for n in (rounds, 1):
-            start = time.perf_counter()
-            run(target_params, draft_params, prompts, lengths, n).block_until_ready()
-            times.append(time.perf_counter() - start)
-        per_round = (times[0] - times[1]) / (rounds - 1)
-        return per_round, max(times[1] - per_round, 0.0)
-
-    timer()  # Compiles.
-    return timer
+    return _linear_timer(lambda n: run(target_params, draft_params, prompts, lengths, n), rounds)
 
 
 def measure_call_costs(
@@ -267,7 +264,7 @@ def measure_call_costs(
         "fixed": {
             name: statistics.median(1e3 * run[1] for run in runs)
             for name, runs in (("plain", plain), ("spec", spec))
-        },  # fmt: skip
+        },
     }
 
 
