@@ -356,16 +356,20 @@ def _compiled(target, draft, spec: _Spec, packed: bool = False):
     return jax.jit((lambda *args: _packed(decode(*args))) if packed else decode)
 
 
-def fixed_round_decoder(target, draft, gamma: int, max_rounds: int, vocab_size=None):
+def fixed_round_decoder(
+    target, draft, gamma: int, max_rounds: int, max_new_tokens: int | None = None, vocab_size=None
+):
     """The greedy decoder (static gamma; gamma 0 and draft None: plain) run for a given number of
     rounds: a jitted fn(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds
     <= max_rounds) -> tokens generated per row. No row finishes within max_rounds rounds (room
     for every draft accepted, no EOS), so each round does a full round's work;
-    `timing.decoder_round_timer` times a round, and a run's fixed part, with it.
+    `timing.decoder_round_timer` times a round, and a run's fixed part, with it. The caches are
+    as long as a run of max_new_tokens would have (at least the rounds' own room).
     """
     policy = Lookahead("static", gamma).static_part if gamma else None
     spec = _Spec(
-        gamma, policy, max_rounds * (gamma + 1), SamplingConfig(), None, None,
+        gamma, policy, max(max_rounds * (gamma + 1), max_new_tokens or 0), SamplingConfig(), None,
+        None,
         shared_vocab_size(target, draft, vocab_size),
     )  # fmt: skip
     inputs = {"threshold": jnp.float32(0), "start": jnp.int32(1)}

@@ -16,7 +16,8 @@ JSON object per temperature, milliseconds:
   spec_outside_ms           spec_round_ms - round_calls_ms: what a round spends outside its calls;
   speedup                   plain run time / speculative run time (median of per-repeat ratios).
 Uses only the public decoding API and timers, so it runs on earlier commits too (a before/after
-profile of a change).
+profile of a change); its call timers size their caches for their own calls, shorter than a
+run's, so the "outside" figures include what the longer cache adds to the run's calls.
 """
 
 from __future__ import annotations

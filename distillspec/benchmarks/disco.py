@@ -153,6 +153,7 @@ def main(argv=None) -> dict:
         draft_params,
         test[0],
         widths,
+        max_new_tokens=args.max_new_tokens,
     )
     measured = measure_policies(
         target, target_params, draft, draft_params, test, policies, classifier=classifier,

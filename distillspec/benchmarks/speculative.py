@@ -228,15 +228,16 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats:
         gamma=gamma, max_new_tokens=max_new_tokens,
     )  # fmt: skip
     calls = max(8, max_new_tokens // (gamma + 1))
-    timed_pair = (target, target_params, draft, draft_params, prompts, lengths, gamma, calls)
+    n = max_new_tokens  # Every timer's caches as long as the runs' (`timing._cache_length`).
+    timed_pair = (target, target_params, draft, draft_params, prompts, lengths, gamma, calls, n)
     timers = {
-        "draft": step_timer(draft, draft_params, prompts, lengths, 1, calls),
-        "target": step_timer(target, target_params, prompts, lengths, 1, calls),
-        "verify": step_timer(target, target_params, prompts, lengths, gamma + 1, calls),
+        "draft": step_timer(draft, draft_params, prompts, lengths, 1, calls, n),
+        "target": step_timer(target, target_params, prompts, lengths, 1, calls, n),
+        "verify": step_timer(target, target_params, prompts, lengths, gamma + 1, calls, n),
         "round": round_timer(*timed_pair),
         "decoder_round": decoder_round_timer(*timed_pair),
         "plain_decoder": decoder_round_timer(
-            target, target_params, None, None, prompts, lengths, 0, calls
+            target, target_params, None, None, prompts, lengths, 0, calls, n
         ),
     }
     plain(), spec()  # Compiles both.

@@ -75,7 +75,10 @@ def tune_policies(
         label = f"{kind}@{sl_max}/{threshold:g}/{'keep' if keep_last else 'drop'}"
         grid[label] = lookahead.Lookahead(kind, sl_max, threshold=threshold, keep_last=keep_last)
     widths = {w for la in grid.values() for w in lookahead.verify_widths(la)}
-    costs = measure_call_costs(target, target_params, draft, draft_params, prompts[0], widths)
+    costs = measure_call_costs(
+        target, target_params, draft, draft_params, prompts[0], widths,
+        max_new_tokens=max_new_tokens,
+    )  # fmt: skip
     measured = measure_policies(
         target, target_params, draft, draft_params, prompts, grid, classifier=classifier,
         costs=costs, max_new_tokens=max_new_tokens, eos_id=eos_id, vocab_size=vocab_size,

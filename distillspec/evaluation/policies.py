@@ -276,7 +276,10 @@ def evaluate_policies(
         if model_costs:
             first = single_prompts(next(iter(sets.values())))[0]
             widths = {w for la in lookaheads.values() for w in sl.verify_widths(la)}
-            costs = measure_call_costs(target, target_params, draft, draft_params, first, widths)
+            costs = measure_call_costs(
+                target, target_params, draft, draft_params, first, widths,
+                max_new_tokens=max_new_tokens,
+            )  # fmt: skip
         for (task, split), batches in sets.items():
             measured = measure_policies(
                 target, target_params, draft, draft_params,

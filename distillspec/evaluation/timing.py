@@ -109,11 +109,20 @@ def megabytes(params: Any) -> float:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)) / 1e6
 
 
-def step_timer(model, params, prompts, lengths, tokens_per_call: int, calls: int):
+def _cache_length(prompt_len: int, needed: int, max_new_tokens: int | None) -> int:
+    """A timer's KV-cache length: room for its own calls, and at least a decoding run's of
+    max_new_tokens (attention reads the whole fixed-length cache, so a call's cost grows with
+    it: a timer with a shorter cache than the run it prices would price it too cheap)."""
+    return prompt_len + max(needed, max_new_tokens or 0) + 1
+
+
+def step_timer(model, params, prompts, lengths, tokens_per_call: int, calls: int,
+               max_new_tokens: int | None = None):  # fmt: skip
     """A jitted loop of `calls` cache extensions of `tokens_per_call` tokens; returns a
-    zero-argument timer giving seconds per call (compiled before it is returned)."""
+    zero-argument timer giving seconds per call (compiled before it is returned). The cache is
+    as long as a run of max_new_tokens would have (`_cache_length`)."""
     batch, prompt_len = prompts.shape
-    cache_length = prompt_len + tokens_per_call * calls + 1
+    cache_length = _cache_length(prompt_len, tokens_per_call * calls, max_new_tokens)
 
     @jax.jit
     def run(params, prompts, lengths, num_calls):
@@ -155,7 +164,7 @@ def _linear_timer(run: Callable[[int], jax.Array], calls: int) -> Callable[[], t
 
 
 def round_timer(target, target_params, draft, draft_params, prompts, lengths, gamma: int,
-                rounds: int):  # fmt: skip
+                rounds: int, max_new_tokens: int | None = None):  # fmt: skip
     """A jitted loop of `rounds` speculative rounds' model calls, as `decoding._round` makes them
     at a static gamma: the draft scores 2 positions, then 1 for gamma - 1 steps, each fed the
     previous step's argmax; then the target scores the last token and the gamma drafts. Returns
@@ -166,7 +175,7 @@ def round_timer(target, target_params, draft, draft_params, prompts, lengths, ga
     of draft calls alone.
     """
     batch, prompt_len = prompts.shape
-    cache_length = prompt_len + (gamma + 1) * rounds + 1
+    cache_length = _cache_length(prompt_len, (gamma + 1) * rounds, max_new_tokens) + gamma
     argmax = lambda logits: jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)[:, None]
 
     @jax.jit
@@ -196,14 +205,14 @@ def round_timer(target, target_params, draft, draft_params, prompts, lengths, ga
 
 
 def decoder_round_timer(target, target_params, draft, draft_params, prompts, lengths,
-                        gamma: int, rounds: int):  # fmt: skip
+                        gamma: int, rounds: int, max_new_tokens: int | None = None):  # fmt: skip
     """The decoder's own loop (`decoding.fixed_round_decoder`: greedy, static gamma, every round
     full; gamma 0 and draft None: plain) as a zero-argument timer of (seconds per round, seconds
     per run outside its rounds: prefill, dispatch, output), compiled before it is returned.
 
     Minus a `round_timer` of the same pair and gamma (plain: a target `step_timer`), the first
     leaves the loop's own work per round: what a round spends outside its model calls."""
-    run = fixed_round_decoder(target, draft, gamma, rounds)
+    run = fixed_round_decoder(target, draft, gamma, rounds, max_new_tokens)
     return _linear_timer(lambda n: run(target_params, draft_params, prompts, lengths, n), rounds)
 
 
@@ -215,6 +224,7 @@ def measure_call_costs(
     prompt: tuple[np.ndarray, np.ndarray],
     widths: Iterable[int],
     *,
+    max_new_tokens: int | None = None,
     repeats: int = 5,
 ) -> dict[str, Any]:
     """Measured milliseconds per model call at batch 1, for `modeled_latency_ms`.
@@ -239,18 +249,19 @@ def measure_call_costs(
         return [1e3 * timer() for _ in range(repeats)]
 
     widths = sorted(set(widths) | {1, 2})
-    target_ms = {w: timed(step_timer(target, target_params, tokens, lengths, w, calls=16))
+    n = max_new_tokens
+    target_ms = {w: timed(step_timer(target, target_params, tokens, lengths, w, 16, n))
                  for w in widths}  # fmt: skip
     gamma = max(widths) - 1
-    pair = (target, target_params, draft, draft_params, tokens, lengths, gamma, 16)
+    pair = (target, target_params, draft, draft_params, tokens, lengths, gamma, 16, n)
     rounds = timed(round_timer(*pair))
     in_context = statistics.median(
         max(r - v, 0.0) / gamma for r, v in zip(rounds, target_ms[gamma + 1])
     )
     isolated = {w: statistics.median(timed(step_timer(draft, draft_params, tokens, lengths, w,
-                                                      calls=16))) for w in (1, 2)}  # fmt: skip
+                                                      16, n))) for w in (1, 2)}  # fmt: skip
     spec_timer = decoder_round_timer(*pair)
-    plain_timer = decoder_round_timer(target, target_params, None, None, tokens, lengths, 0, 16)
+    plain_timer = decoder_round_timer(target, target_params, None, None, tokens, lengths, 0, 16, n)
     spec, plain = [spec_timer() for _ in range(repeats)], [plain_timer() for _ in range(repeats)]
     loop = lambda runs, calls: statistics.median(
         max(1e3 * run[0] - call, 0.0) for run, call in zip(runs, calls)
