@@ -238,21 +238,25 @@ def measure_call_costs(
        the model(s), dispatch, output)}.
     Each figure is the median of `repeats` timings of a jitted loop of calls or rounds. The
     in-context draft step is (a round of gamma draft steps and the target's gamma + 1 wide
-    call, `round_timer`, at gamma = the widest verify width - 1) minus that target call, / gamma,
-    medians of per-repeat differences: alone, the draft's weights stay cache-hot and a draft
-    step looks several times cheaper than it is inside the decoding loop. The speculative
-    loop's own work and fixed part are measured at that gamma and priced for every policy.
+    call, `round_timer`, at gamma = the widest verify width - 1, at most 8) minus that target
+    call, / gamma, medians of per-repeat differences: alone, the draft's weights stay cache-hot
+    and a draft step looks several times cheaper than it is inside the decoding loop. The
+    speculative loop's own work and fixed part are measured at that gamma and priced for every
+    policy.
     """
     tokens, lengths = prompt
 
     def timed(timer):
         return [1e3 * timer() for _ in range(repeats)]
 
-    widths = sorted(set(widths) | {1, 2})
+    widths = set(widths)
+    # Rounds of the widest verify up to 9 (SL_max 8): an oracle's SL_max of 64 would time
+    # rounds of 64 drafts, whose long caches and bookkeeping no typical round pays.
+    gamma = min(max(widths | {2}), 9) - 1
+    widths = sorted(widths | {1, 2, gamma + 1})
     n = max_new_tokens
     target_ms = {w: timed(step_timer(target, target_params, tokens, lengths, w, 16, n))
                  for w in widths}  # fmt: skip
-    gamma = max(widths) - 1
     pair = (target, target_params, draft, draft_params, tokens, lengths, gamma, 16, n)
     rounds = timed(round_timer(*pair))
     in_context = statistics.median(
