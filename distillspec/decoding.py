@@ -11,11 +11,8 @@ heuristic schedule, the oracle). A dynamic round drafts in a `lax.while_loop` th
 row has stopped or sl_max drafts are drawn; a row's drafts past its own stop are masked out of
 verification, so the output is the target's exactly, whatever the policy decides.
 
-Greedy rounds carry tokens only: a draft is kept exactly when it is the target's argmax
-(`speculative.accept_greedy`, the one-hot case of the general rule), so they build no [B, G, V]
-distributions and draw no random numbers. On the quickstart's 11 MB pair at batch 1 that work
-(a Gumbel-max draw over the vocabulary per token) was most of a round's cost outside the model
-calls (README section 3, the round's profile).
+Greedy rounds carry tokens only (`speculative.accept_greedy`): no [B, G, V] distributions and
+no random draws, which were most of a small pair's round outside its calls (README section 3).
 
 Per call the caller gets, per row, the tokens and the counters from which the acceptance rate
 alpha = accepted / drafted and the block efficiency tau = tokens / target_calls derive, and the
@@ -367,11 +364,9 @@ def fixed_round_decoder(
     as long as a run of max_new_tokens would have (at least the rounds' own room).
     """
     policy = Lookahead("static", gamma).static_part if gamma else None
-    spec = _Spec(
-        gamma, policy, max(max_rounds * (gamma + 1), max_new_tokens or 0), SamplingConfig(), None,
-        None,
-        shared_vocab_size(target, draft, vocab_size),
-    )  # fmt: skip
+    room = max(max_rounds * (gamma + 1), max_new_tokens or 0)
+    vocab = shared_vocab_size(target, draft, vocab_size)
+    spec = _Spec(gamma, policy, room, SamplingConfig(), None, None, vocab)
     inputs = {"threshold": jnp.float32(0), "start": jnp.int32(1)}
 
     @jax.jit
@@ -432,11 +427,6 @@ def _check_prompt(prompt_tokens, prompt_lengths, num_ids: int) -> tuple[jax.Arra
     return prompt_tokens, prompt_lengths
 
 
-@functools.cache
-def _default_rng() -> jax.Array:
-    return jax.random.PRNGKey(0)
-
-
 def _run(
     target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec, inputs,
     packed=False,
@@ -445,7 +435,7 @@ def _run(
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {spec.max_new_tokens!r}")
     sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
     prompt_tokens, prompt_lengths = _check_prompt(prompt_tokens, prompt_lengths, min(sizes))
-    rng = _default_rng() if rng is None else rng
+    rng = jax.random.PRNGKey(0) if rng is None else rng
     fn = _compiled(target, draft, spec, packed)
     return fn(target_params, draft_params, prompt_tokens, prompt_lengths, rng, inputs)
 
@@ -545,9 +535,8 @@ def generate_on_device(
 
 def _plain(model, params, prompt_tokens, prompt_lengths, rng, max_new_tokens, sampling, eos_id,
            vocab_size, packed):  # fmt: skip
-    spec = _Spec(
-        0, None, max_new_tokens, sampling, None, eos_id, shared_vocab_size(model, None, vocab_size)
-    )
+    vocab = shared_vocab_size(model, None, vocab_size)
+    spec = _Spec(0, None, max_new_tokens, sampling, None, eos_id, vocab)
     inputs = {"start": np.int32(1)}
     return _run(model, None, params, None, prompt_tokens, prompt_lengths, rng, spec, inputs, packed)
 
