@@ -175,15 +175,18 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
     return tokens, probs, num_drafts, calls, cache
 
 
-def _verify(target, params, cache, tokens, position, num_drafts, done, spec: _Spec):
-    """The target's logits [B, G + 1, V] for last token + drafts, in the narrowest compiled width
-    that holds every active row's drafts (positions past the width are padding, never read)."""
+def _verify(target, params, cache, tokens, position, num_drafts, done, spec: _Spec, select):
+    """select(target logits [B, w, V]) for last token + drafts, [B, G + 1, ...], in the narrowest
+    compiled width w that holds every active row's drafts (positions past it are padding, never
+    read). Selecting inside the width's branch keeps the padded buffers small (greedy: tokens)."""
     widths = sl.verify_widths(spec.policy)
     full = spec.gamma + 1
 
     def call(width, cache):
         logits, cache = target.extend(params, cache, tokens[:, :width], position)
-        return jnp.pad(logits, ((0, 0), (0, full - width), (0, 0))), cache
+        selected = select(logits)
+        padding = [(0, 0), (0, full - width)] + [(0, 0)] * (selected.ndim - 2)
+        return jnp.pad(selected, padding), cache
 
     if len(widths) == 1:
         return call(widths[0], cache)
@@ -212,14 +215,18 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
     else:
         rng, rng_draft, rng_verify = jax.random.split(state.rng, 3)
     last = jnp.take_along_axis(state.tokens, state.position[:, None], axis=1)
+    if spec.sampling.greedy:  # What acceptance reads of the target's logits.
+        select = lambda logits: jnp.argmax(logits[..., : spec.vocab_size], axis=-1)
+    else:
+        select = lambda logits: logits_to_probs(logits, spec.sampling, spec.vocab_size)
     if spec.gamma:
         drafts, draft_probs, num_drafts, draft_calls, draft_cache = _draft_block(
             draft, draft_params, state.draft_cache, state, rng_draft, spec, inputs
         )
         tokens = jnp.concatenate([last, drafts], axis=1)
-        logits, target_cache = _verify(
+        target_out, target_cache = _verify(
             target, target_params, state.target_cache, tokens, state.position, num_drafts,
-            state.done, spec,
+            state.done, spec, select,
         )  # fmt: skip
     else:
         drafts = jnp.zeros((batch, 0), jnp.int32)
@@ -229,14 +236,13 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
         logits, target_cache = target.extend(
             target_params, state.target_cache, last, state.position
         )
+        target_out = select(logits)
     proposed = num_drafts if spec.gamma else None
     if spec.sampling.greedy:
-        target_tokens = jnp.argmax(logits[..., : spec.vocab_size], axis=-1)
-        num_accepted, next_token = accept_greedy(drafts, target_tokens, proposed)
+        num_accepted, next_token = accept_greedy(drafts, target_out, proposed)
     else:
-        target_probs = logits_to_probs(logits, spec.sampling, spec.vocab_size)
         num_accepted, next_token = accept_or_resample(
-            rng_verify, drafts, draft_probs, target_probs, spec.lenience, num_drafts=proposed
+            rng_verify, drafts, draft_probs, target_out, spec.lenience, num_drafts=proposed
         )
     index = jnp.arange(spec.gamma + 1)
     drafts_padded = jnp.pad(drafts, ((0, 0), (0, 1)))
@@ -353,27 +359,37 @@ def _compiled(target, draft, spec: _Spec, packed: bool = False):
     return jax.jit((lambda *args: _packed(decode(*args))) if packed else decode)
 
 
-def fixed_round_decoder(
-    target, draft, gamma: int, max_rounds: int, max_new_tokens: int | None = None, vocab_size=None
-):
-    """The greedy decoder (static gamma; gamma 0 and draft None: plain) run for a given number of
-    rounds: a jitted fn(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds
-    <= max_rounds) -> tokens generated per row. No row finishes within max_rounds rounds (room
-    for every draft accepted, no EOS), so each round does a full round's work;
-    `timing.decoder_round_timer` times a round, and a run's fixed part, with it. The caches are
-    as long as a run of max_new_tokens would have (at least the rounds' own room).
+def fixed_round_decoder(target, draft, policy: Lookahead | None, max_rounds: int,
+                        max_new_tokens: int | None = None, vocab_size=None):  # fmt: skip
+    """The greedy decoder (policy None and draft None: plain) run for a given number of rounds,
+    for timing (`timing.decoder_round_timer`): a jitted fn(target_params, draft_params,
+    prompt_tokens, prompt_lengths, num_rounds <= max_rounds, classifier=None) -> {'lengths',
+    'draft_calls', 'sl_histogram'} per row (device arrays).
+
+    No row finishes within max_rounds rounds (no EOS, room for every round's most tokens), so
+    every round does a whole round's work. The confidence and DISCO rules and the oracle are
+    held to their shortest rounds: a threshold above every confidence, a reference no draft
+    matches (one draft call per round, the same compiled program as their real runs); static
+    and heuristic rounds draft what their schedule says. The caches are as long as a run of
+    max_new_tokens would have (at least the rounds' own room).
     """
-    policy = Lookahead("static", gamma).static_part if gamma else None
-    room = max(max_rounds * (gamma + 1), max_new_tokens or 0)
+    forced = policy is not None and policy.kind in ("confidence", "disco", "oracle")
+    per_round = 2 if forced else (policy.sl_max + 1 if policy else 1)
+    room = max(max_rounds * per_round, max_new_tokens or 0)
+    gamma = policy.sl_max if policy else 0
     vocab = shared_vocab_size(target, draft, vocab_size)
-    spec = _Spec(gamma, policy, room, SamplingConfig(), None, None, vocab)
-    inputs = {"threshold": jnp.float32(0), "start": jnp.int32(1)}
+    spec = _Spec(gamma, policy and policy.static_part, room, SamplingConfig(), None, None, vocab)
 
     @jax.jit
-    def run(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds):
-        rng = jax.random.PRNGKey(0)
-        return _decode(target, draft, spec, target_params, draft_params, prompt_tokens,
-                       prompt_lengths, rng, inputs, num_rounds)["lengths"]  # fmt: skip
+    def run(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
+            classifier=None):  # fmt: skip
+        batch = prompt_tokens.shape[0]
+        inputs = {"threshold": jnp.float32(2), "start": jnp.int32(1), "classifier": classifier}
+        if policy is not None and policy.kind == "oracle":
+            inputs["oracle_tokens"] = jnp.full((batch, room), -1, jnp.int32)
+        out = _decode(target, draft, spec, target_params, draft_params, prompt_tokens,
+                      prompt_lengths, jax.random.PRNGKey(0), inputs, num_rounds)  # fmt: skip
+        return {k: out[k] for k in ("lengths", "draft_calls", "sl_histogram")}
 
     return run
 

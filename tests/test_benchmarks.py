@@ -55,34 +55,27 @@ def test_measure_reports_the_in_context_cost_model():
     assert record["plain_fixed_ms"] > 0 and record["spec_fixed_ms"] > 0  # Prefill at least.
 
 
-def test_in_context_costs_take_the_draft_from_the_alternating_rounds():
-    gamma = 4
+def test_in_context_costs_are_the_records_view_of_the_call_costs():
+    gamma = 2
     # Per repeat (s): the second repeat is a slower stretch of the machine, everything x 2.
     seconds = {
-        "target": [1.0, 2.0, 1.0],
-        "verify": [2.0, 4.0, 2.0],
-        "round": [2.8, 5.6, 2.8],  # 4 draft steps of 0.2 s after the verify call's 2 s.
-        "draft": [0.05, 0.1, 0.05],  # Alone, cache-hot: 4x cheaper than in the round.
-        # The decoders' own rounds (s per round, s fixed per run): a plain step 0.5 s more than
-        # its target call, a speculative round 0.7 s more than its model calls.
-        "plain_decoder": [(1.5, 10.0), (3.0, 20.0), (1.4, 12.0)],
-        "decoder_round": [(3.5, 30.0), (7.0, 60.0), (3.6, 31.0)],
+        ("target", 1): [1.0, 2.0, 1.0],
+        ("target", 3): [2.0, 4.0, 2.0],
+        ("round", 2): [2.4, 4.8, 2.4],  # 2 draft steps of 0.2 s after the verify call's 2 s.
+        ("draft", 1): [0.05, 0.1, 0.05],  # Alone, cache-hot: 4x cheaper than in the round.
     }
-    costs = bench.in_context_costs(seconds, gamma)
-    assert costs["c"] == pytest.approx(0.2)
-    assert costs["c_isolated"] == pytest.approx(0.05)
-    assert costs["r_gamma"] == pytest.approx(2.0)
-    assert costs["draft_ms"] == pytest.approx(200.0)
-    assert costs["draft_ms_isolated"] == pytest.approx(50.0)
-    assert costs["target_ms"] == pytest.approx(1000.0)
-    assert costs["verify_ms"] == pytest.approx(2000.0)
-    assert costs["loop_ms"] == pytest.approx(500.0)
-    assert costs["spec_loop_ms"] == pytest.approx(800.0)  # Median of 0.7, 1.4, 0.8 s.
-    assert costs["plain_fixed_ms"] == pytest.approx(12000.0)
-    assert costs["spec_fixed_ms"] == pytest.approx(31000.0)
-    # A round timed faster than its verify call alone (noise) prices the draft at 0, not < 0.
-    noisy = bench.in_context_costs({**seconds, "round": [1.9] * 3}, gamma)
-    assert noisy["c"] == 0.0 and noisy["draft_ms"] == 0.0
+    costs = {"target": {1: 1e3, 3: 2e3}, "draft": {1: 200.0, 2: 200.0},
+             "draft_isolated": {1: 50.0, 2: 60.0}, "round": 500.0, "per_draft": 100.0,
+             "spec_round": {"static": 300.0}, "fixed": {"plain": 7e3, "static": 8e3}}  # fmt: skip
+    record = bench.in_context_costs(seconds, costs, gamma, gamma)
+    assert record["c"] == pytest.approx(0.2)
+    assert record["c_isolated"] == pytest.approx(0.05)
+    assert record["r_gamma"] == pytest.approx(2.0)
+    assert (record["target_ms"], record["verify_ms"]) == (1e3, 2e3)
+    assert (record["draft_ms"], record["draft_ms_isolated"]) == (200.0, 50.0)
+    assert record["loop_ms"] == 500.0
+    assert record["spec_loop_ms"] == pytest.approx(300.0 + gamma * 100.0)
+    assert (record["plain_fixed_ms"], record["spec_fixed_ms"]) == (7e3, 8e3)
 
 
 def _result(target_calls, draft_calls, lengths) -> DecodeResult:
@@ -96,13 +89,14 @@ def _result(target_calls, draft_calls, lengths) -> DecodeResult:
 
 
 def test_modeled_latency_prices_the_busiest_row_of_a_lockstep_batch():
-    costs = {"target_ms": 1.0, "verify_ms": 2.0, "draft_ms": 0.2, "loop_ms": 0.5,
-             "spec_loop_ms": 0.7, "plain_fixed_ms": 3.0, "spec_fixed_ms": 4.0}  # fmt: skip
+    costs = {"target": {1: 1.0, 5: 2.0}, "draft": {1: 0.2, 2: 0.2}, "round": 0.5,
+             "per_draft": 0.05, "spec_round": {"static": 0.5},
+             "fixed": {"plain": 3.0, "static": 4.0}}  # fmt: skip
     # Rows in lockstep: the batch runs 5 rounds (the busiest row's), each of one verify call,
     # 4 draft calls and the speculative loop's own work, plus the run's fixed part, for 2 x 16
     # tokens.
     spec = _result([3, 5], [12, 20], [16, 16])
-    want = (4.0 + 5 * 2.7 + 20 * 0.2) / 32
+    want = (4.0 + 5 * 2.5 + 20 * (0.2 + 0.05)) / 32
     assert bench.modeled_ms_per_token(spec, 4, costs) == pytest.approx(want)
     plain = _result([8, 8], [0, 0], [8, 8])
     assert bench.modeled_ms_per_token(plain, 0, costs) == pytest.approx((3.0 + 8 * 1.5) / 16)

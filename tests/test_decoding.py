@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from distillspec.decoding import fixed_round_decoder, generate, speculative_generate
+from distillspec.lookahead import Lookahead
 from distillspec.sampling import SamplingConfig, logits_to_probs, sample_categorical
 from distillspec.speculative import Lenience
 from tests.test_utils import TRACE_COUNTS, MarkovStub, markov_pair, ragged_prompts
@@ -98,14 +99,28 @@ def test_fixed_round_decoder_runs_exactly_the_rounds_asked_for(pair):
     # The timing calibration of a round (`timing.decoder_round_timer`) needs every round full.
     target, draft = pair
     prompts, lengths = ragged_prompts(4, 3, target.vocab_size)
-    same = fixed_round_decoder(target, target, gamma=3, max_rounds=6)
+    static = Lookahead("static", 3)
+    same = fixed_round_decoder(target, target, static, max_rounds=6)
     for rounds in (1, 6):  # Every draft accepted: 4 tokens per round, no row done early.
-        np.testing.assert_array_equal(same(None, None, prompts, lengths, rounds), 4 * rounds)
+        out = same(None, None, prompts, lengths, rounds)
+        np.testing.assert_array_equal(out["lengths"], 4 * rounds)
+        np.testing.assert_array_equal(out["draft_calls"], 3 * rounds)
     # A draft that is sometimes wrong: 1 to 4 tokens per round, still exactly 6 rounds.
-    other = fixed_round_decoder(target, draft, gamma=3, max_rounds=6)(
+    other = fixed_round_decoder(target, draft, static, max_rounds=6)(
         None, None, prompts, lengths, 6
     )
-    assert (other >= 6).all() and (other <= 24).all() and (other < 24).any()
+    assert (other["lengths"] >= 6).all() and (other["lengths"] <= 24).all()
+    assert (other["lengths"] < 24).any()
+    np.testing.assert_array_equal(other["sl_histogram"][:, 3], 6)
+    # Confidence and oracle rounds are held to one draft call, even with a draft that is always
+    # right (the oracle's then proposes none: its reference matches no draft).
+    for kind, proposed in (("confidence", 1), ("oracle", 0)):
+        out = fixed_round_decoder(target, target, Lookahead(kind, 8), max_rounds=5)(
+            None, None, prompts, lengths, 5
+        )
+        np.testing.assert_array_equal(out["draft_calls"], 5)
+        np.testing.assert_array_equal(out["sl_histogram"][:, proposed], 5)
+        np.testing.assert_array_equal(out["lengths"], 5 * (proposed + 1))
 
 
 def test_eos_and_max_length_per_row():

@@ -332,9 +332,10 @@ def test_policy_latency_records(setup):
         "confidence": Lookahead("confidence", 4, threshold=0.3),
         "oracle": Lookahead("oracle", 8),
     }
-    measured = measure_policies(
+    measured, costs = measure_policies(
         model, params, *drafts["noisy"], singles, policies, max_new_tokens=MAX_NEW, eos_id=None
     )
+    assert costs is None  # No cost timers, no cost model.
     made = policy_records(measured, draft="noisy", task="toy", split="test", max_new_tokens=MAX_NEW)
     assert [r["policy"] for r in made] == ["target", *policies]
     for r in made:
@@ -360,21 +361,29 @@ def test_policy_latency_records(setup):
 def test_modeled_latency_by_hand():
     from distillspec.lookahead import Lookahead
 
-    costs = {"target": {1: 1.0, 2: 1.5, 4: 2.5, 6: 3.5}, "draft": {1: 0.1, 2: 0.2}, "round": 0.3}
-    # Plain decoding: 10 rounds of one target step each.
-    assert timing.modeled_latency_ms(None, [10], 0, 10, costs) == pytest.approx(1.3)
+    costs = {
+        "target": {1: 1.0, 2: 1.5, 4: 2.5, 6: 3.5},
+        "draft": {1: 0.1, 2: 0.2},
+        "round": 0.3,
+        "per_draft": 0.01,
+        "spec_round": {"static": 0.5, "disco-5": 0.7},
+        "fixed": {"plain": 2.0, "static": 3.0, "disco-5": 4.0},
+    }
+    # Plain decoding: 10 rounds of one target step and its own work, and the run's fixed part.
+    assert timing.modeled_latency_ms(None, [10], 0, 10, costs) == pytest.approx(1.5)
     # Static SL-5: every round verifies 6 positions; 2 rounds, 10 draft calls, 8 tokens.
     static = timing.modeled_latency_ms(Lookahead("static", 5), [0] * 5 + [2], 10, 8, costs)
-    assert static == pytest.approx((2 * (3.5 + 0.3) + 2 * 0.2 + 8 * 0.1) / 8)
-    # DISCO rounds of 0, 1 and 3 drafts use widths 1, 2 and 4 (verify_widths of SL_max 5).
+    assert static == pytest.approx((3.0 + 2 * (3.5 + 0.5) + 2 * 0.2 + 8 * 0.1 + 10 * 0.01) / 8)
+    # DISCO rounds of 0, 1 and 3 drafts use widths 1, 2 and 4 (verify_widths of SL_max 5), and
+    # its own program's per-round work and fixed part; two runs pay the fixed part twice.
     hist = [1, 1, 0, 1, 0, 0]
-    disco = timing.modeled_latency_ms(Lookahead("disco", 5), hist, 6, 7, costs)
-    assert disco == pytest.approx((1.0 + 1.5 + 2.5 + 3 * 0.3 + 3 * 0.2 + 3 * 0.1) / 7)
-    # A measured speculative round's own work prices speculative rounds; plain steps keep 'round'.
-    with_spec = {**costs, "spec_round": 0.5}
-    static = timing.modeled_latency_ms(Lookahead("static", 5), [0] * 5 + [2], 10, 8, with_spec)
-    assert static == pytest.approx((2 * (3.5 + 0.5) + 2 * 0.2 + 8 * 0.1) / 8)
-    assert timing.modeled_latency_ms(None, [10], 0, 10, with_spec) == pytest.approx(1.3)
+    disco = timing.modeled_latency_ms(Lookahead("disco", 5), hist, 6, 7, costs, runs=2)
+    assert disco == pytest.approx(
+        (2 * 4.0 + 1.0 + 1.5 + 2.5 + 3 * 0.7 + 3 * 0.2 + 3 * 0.1 + 6 * 0.01) / 7
+    )
+    # A program the costs did not measure is an error that names it, not a silent guess.
+    with pytest.raises(ValueError, match="'oracle-8' loop .* pass its policy"):
+        timing.modeled_latency_ms(Lookahead("oracle", 8), [1], 1, 1, costs)
 
 
 def test_evaluate_run_rejects_a_bad_dtype_before_loading(tmp_path):
@@ -387,21 +396,65 @@ def test_evaluate_run_rejects_a_bad_dtype_before_loading(tmp_path):
                  dtype="f16")  # fmt: skip
 
 
-def test_call_costs_price_the_draft_in_the_loops_context_and_keep_the_isolated_figure():
+def test_call_costs_price_the_draft_in_the_loops_context_and_every_policys_own_loop():
+    from distillspec.lookahead import Lookahead
+
     target, params = tiny_lm(32)
     draft_params = perturbed(params, 0.05, seed=1)
     prompt = (np.ones((1, 4), np.int32), np.array([4], np.int32))
+    policies = [Lookahead("static", 3), Lookahead("confidence", 4), Lookahead("oracle", 4)]
     costs = timing.measure_call_costs(
-        target, params, target, draft_params, prompt, (1, 4), repeats=3
+        target, params, target, draft_params, prompt, policies, max_new_tokens=8, repeats=3
     )
-    assert sorted(costs["target"]) == [1, 2, 4] and all(v > 0 for v in costs["target"].values())
+    assert sorted(costs["target"]) == [1, 2, 3, 4, 5]  # Every verify width (and 1, 2).
+    assert all(v > 0 for v in costs["target"].values())
     assert costs["draft"][1] == costs["draft"][2] >= 0  # One in-context step price.
     assert sorted(costs["draft_isolated"]) == [1, 2]
-    assert all(v > 0 for v in costs["draft_isolated"].values()) and costs["round"] >= 0
-    assert costs["spec_round"] >= 0
+    assert all(v > 0 for v in costs["draft_isolated"].values())
+    assert costs["round"] >= 0 and costs["per_draft"] >= 0
+    programs = ["static", "confidence-4", "oracle-4"]
+    assert sorted(costs["spec_round"]) == sorted(programs)
+    assert all(costs["spec_round"][p] >= 0 for p in programs)
+    assert all(costs["fixed"][p] > 0 for p in ["plain", *programs])  # Prefill at least.
     # The cost model prices a static-3 run with them.
-    modeled = timing.modeled_latency_ms(timing.sl.Lookahead("static", 3), [0, 0, 0, 2], 6, 8, costs)
-    assert costs["fixed"]["plain"] > 0 and costs["fixed"]["spec"] > 0  # Prefill at least.
-    expected = (costs["fixed"]["spec"] + 2 * (costs["target"][4] + costs["spec_round"])
-                + 2 * costs["draft"][2] + 4 * costs["draft"][1]) / 8  # fmt: skip
-    assert modeled == pytest.approx(expected)
+    modeled = timing.modeled_latency_ms(policies[0], [0, 0, 0, 2], 6, 8, costs)
+    expected = (
+        costs["fixed"]["static"]
+        + 2 * (costs["target"][4] + costs["spec_round"]["static"])
+        + 2 * costs["draft"][2]
+        + 4 * costs["draft"][1]
+        + 6 * costs["per_draft"]
+    ) / 8
+    assert modeled == pytest.approx(expected)  # fmt: skip
+
+
+def test_call_costs_from_interleaved_seconds_by_hand():
+    # Per repeat (s); the second repeat is a slower stretch of the machine, everything x 2.
+    def slow(value):
+        return [value, 2 * value, value]
+
+    gamma = 4
+    seconds = {
+        ("target", 1): slow(1.0), ("target", 2): slow(1.5), ("target", 5): slow(3.0),
+        ("draft", 1): slow(0.05), ("draft", 2): slow(0.06),
+        ("round", 1): slow(1.5 + 0.2), ("round", 4): slow(3.0 + 4 * 0.2),
+        # Decoder rounds (s, fixed s): a plain step does 0.5 s of its own work, a static round
+        # 0.3 s plus 0.1 s per draft, a dynamic round of 1 draft verifying 2 positions 0.9 s.
+        ("decoder", "plain"): [(1.5, 7.0), (3.0, 14.0), (1.5, 7.0)],
+        ("decoder", "static-1"): [(2.1, 8.0), (4.2, 16.0), (2.1, 8.0)],
+        ("decoder", "static-4"): [(4.5, 8.5), (9.0, 17.0), (4.5, 8.5)],
+        ("decoder", "disco-8"): [(2.6, 9.0), (5.2, 18.0), (2.6, 9.0)],
+    }  # fmt: skip
+    calls = {"plain": {}, "static-1": {}, "static-4": {},
+             "disco-8": {"draft_calls": 1.0, "verify": {2: 1.0}}}  # fmt: skip
+    costs = timing.call_costs(seconds, calls, gamma)
+    assert costs["target"] == pytest.approx({1: 1e3, 2: 1.5e3, 5: 3e3})
+    assert costs["draft"][1] == costs["draft"][2] == pytest.approx(200.0)  # In context.
+    assert costs["draft_isolated"] == pytest.approx({1: 50.0, 2: 60.0})
+    assert costs["round"] == pytest.approx(500.0)
+    assert costs["per_draft"] == pytest.approx(100.0)
+    assert costs["spec_round"] == pytest.approx({"static": 300.0, "disco-8": 800.0})
+    assert costs["fixed"] == pytest.approx({"plain": 7e3, "static": 8.5e3, "disco-8": 9e3})
+    # A round timed faster than its verify call alone (noise) prices the draft at 0, not < 0.
+    noisy = timing.call_costs({**seconds, ("round", 4): [2.9] * 3}, calls, gamma)
+    assert noisy["draft"][1] == 0.0

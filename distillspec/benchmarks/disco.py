@@ -29,14 +29,13 @@ import sys
 import jax
 import numpy as np
 
-from distillspec import lookahead
 from distillspec.benchmarks import emit
 from distillspec.benchmarks.speculative import TARGET, reference_pair
 from distillspec.disco.classifier import best_static_sl, classifier_f1, train_classifier
 from distillspec.disco.features import extract_features
 from distillspec.disco.tuning import tune_policies
 from distillspec.evaluation.policies import measure_policies, resolve_policies
-from distillspec.evaluation.timing import measure_call_costs, megabytes
+from distillspec.evaluation.timing import call_cost_timers, megabytes
 from distillspec.records import policy_list
 
 
@@ -76,11 +75,7 @@ def _result(measured, tuning, costs, classifier, valid_examples, examples, args)
         "f1_static_sl": round(static_f1, 4),
         "f1_static_sl_k": static_k,
         "train_tokens": len(examples),
-        "call_costs_ms": {
-            "target": {str(w): round(t, 3) for w, t in costs["target"].items()},
-            "draft": {str(w): round(t, 3) for w, t in costs["draft"].items()},
-            "round": round(costs["round"], 3),
-        },
+        "call_costs_ms": jax.tree.map(lambda ms: round(ms, 3), costs),
         "policies": {
             name: {
                 key: round(m[key], 4) if isinstance(m[key], float) else m[key]
@@ -145,19 +140,13 @@ def main(argv=None) -> dict:
         heuristic_sl_max=max(args.sl_max_grid),
         oracle_sl_max=args.oracle_sl_max,
     )
-    widths = {w for la in policies.values() for w in lookahead.verify_widths(la)}
-    costs = measure_call_costs(
-        target,
-        target_params,
-        draft,
-        draft_params,
-        test[0],
-        widths,
-        max_new_tokens=args.max_new_tokens,
-    )
-    measured = measure_policies(
+    cost_timers = call_cost_timers(
+        target, target_params, draft, draft_params, test[0], policies.values(),
+        classifier=classifier, max_new_tokens=args.max_new_tokens,
+    )  # fmt: skip
+    measured, costs = measure_policies(
         target, target_params, draft, draft_params, test, policies, classifier=classifier,
-        costs=costs, timing_repeats=args.timing_repeats, desc="test", **common,
+        cost_timers=cost_timers, timing_repeats=args.timing_repeats, desc="test", **common,
     )  # fmt: skip
 
     result = _result(measured, tuning, costs, classifier, valid_examples, examples, args)

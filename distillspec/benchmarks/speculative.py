@@ -23,9 +23,9 @@ the call timers below interleaved (one of each per repeat), one record per (dtyp
   target_ms, verify_ms, draft_ms, draft_ms_isolated   ms per call behind c and r_gamma: target
                       at width 1, at gamma + 1, draft in context, draft alone;
   loop_ms, spec_loop_ms   the loop's own work outside the model calls per plain step / per
-                      speculative round: a round of the decoder itself (`timing.
-                      decoder_round_timer`, a jitted loop of its rounds) - the round's model
-                      calls (the target's `step_timer` / `timing.round_timer`), >= 0;
+                      speculative round of gamma drafts (`timing.call_costs`: rounds of the
+                      decoder itself, `timing.decoder_round_timer`, at 1 and gamma drafts,
+                      minus their model calls, the target's `step_timer` / `timing.round_timer`);
   plain_fixed_ms, spec_fixed_ms   a run's cost outside its rounds (prefill, dispatch, output),
                       from the same decoder timers;
   plain_latency_ms, speculative_latency_ms              measured ms per generated token;
@@ -68,12 +68,12 @@ import numpy as np
 from distillspec.benchmarks import emit
 from distillspec.decoding import DecodeResult, generate, speculative_generate
 from distillspec.evaluation.timing import (
-    decoder_round_timer,
+    call_cost_timers,
+    call_costs,
+    in_context_draft,
     interleaved,
     megabytes,
     modeled_latency_ms,
-    round_timer,
-    step_timer,
 )
 from distillspec.lookahead import Lookahead
 from distillspec.models import DecoderOnlyLM, TransformerConfig
@@ -122,64 +122,38 @@ def in_dtype(pair, dtype: str):
             description)  # fmt: skip
 
 
-def _median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
-    return statistics.median(x / y for x, y in zip(a, b))
-
-
-def in_context_costs(seconds: Mapping[str, Sequence[Any]], gamma: int) -> dict[str, float]:
-    """The cost model's figures from interleaved timings, one entry per repeat in each list.
-
-    Args:
-      seconds: 'target' / 'verify' (s per target call scoring 1 / gamma + 1 positions),
-        'round' (s per round of gamma draft steps and the verify call, `timing.round_timer`),
-        'draft' (s per draft call timed alone), 'decoder_round' / 'plain_decoder' ((s per
-        round, s fixed per run) of the speculative / plain decoder itself,
-        `timing.decoder_round_timer`).
-
-    Returns:
-      c, c_isolated, r_gamma (medians of per-repeat ratios) and target_ms, verify_ms, draft_ms,
-      draft_ms_isolated (medians, ms), loop_ms / spec_loop_ms (medians of a plain / speculative
-      decoder round minus its model calls, >= 0), plain_fixed_ms / spec_fixed_ms (medians, ms).
-      The in-context draft step of a repeat is (round - verify) / gamma: the round's first draft
-      call scores 2 positions, the others 1, and a static round makes exactly these calls, so
-      both widths are priced at the mean (>= 0: on a tiny pair timing noise can make a round
-      look cheaper than its verify).
-    """
-    draft = [max(r - v, 0.0) / gamma for r, v in zip(seconds["round"], seconds["verify"])]
-    ms = lambda values: 1e3 * statistics.median(values)
-    loop = lambda decoder, calls: ms(
-        [max(run[0] - call, 0.0) for run, call in zip(seconds[decoder], seconds[calls])]
-    )
+def in_context_costs(seconds: Mapping[Any, Sequence[Any]], costs: Mapping[str, Any],
+                     gamma: int, timed_gamma: int) -> dict[str, float]:  # fmt: skip
+    """The record's cost figures at this gamma: c, c_isolated and r_gamma (medians of
+    per-repeat ratios of `timing.call_cost_timers`' interleaved seconds, whose static rounds
+    have timed_gamma drafts) and the ms of `timing.call_costs` behind them (see the module
+    docstring)."""
+    target = seconds["target", 1]
+    ratio = lambda values: statistics.median(x / y for x, y in zip(values, target))
     return {
-        "c": _median_ratio(draft, seconds["target"]),
-        "c_isolated": _median_ratio(seconds["draft"], seconds["target"]),
-        "r_gamma": _median_ratio(seconds["verify"], seconds["target"]),
-        "target_ms": ms(seconds["target"]),
-        "verify_ms": ms(seconds["verify"]),
-        "draft_ms": ms(draft),
-        "draft_ms_isolated": ms(seconds["draft"]),
-        "loop_ms": loop("plain_decoder", "target"),
-        "spec_loop_ms": loop("decoder_round", "round"),
-        "plain_fixed_ms": ms([fixed for _, fixed in seconds["plain_decoder"]]),
-        "spec_fixed_ms": ms([fixed for _, fixed in seconds["decoder_round"]]),
+        "c": ratio(in_context_draft(seconds, timed_gamma)),
+        "c_isolated": ratio(seconds["draft", 1]),
+        "r_gamma": ratio(seconds["target", gamma + 1]),
+        "target_ms": costs["target"][1],
+        "verify_ms": costs["target"][gamma + 1],
+        "draft_ms": costs["draft"][1],
+        "draft_ms_isolated": costs["draft_isolated"][1],
+        "loop_ms": costs["round"],
+        "spec_loop_ms": costs["spec_round"]["static"] + gamma * costs["per_draft"],
+        "plain_fixed_ms": costs["fixed"]["plain"],
+        "spec_fixed_ms": costs["fixed"]["static"],
     }
 
 
-def modeled_ms_per_token(out: DecodeResult, gamma: int, costs: Mapping[str, float]) -> float:
-    """`timing.modeled_latency_ms` of one run (gamma 0: plain) at the `in_context_costs`.
+def modeled_ms_per_token(out: DecodeResult, gamma: int, costs: Mapping[str, Any]) -> float:
+    """`timing.modeled_latency_ms` of one run (gamma 0: plain) at `timing.call_costs`.
 
     The rows of a batch run in lockstep, so the run lasts as many rounds as its busiest row
     makes (its target calls) and each round is one batched call of each model."""
     steps, draft_calls = int(out.target_calls.max()), int(out.draft_calls.max())
-    model = {
-        "target": {1: costs["target_ms"], **({gamma + 1: costs["verify_ms"]} if gamma else {})},
-        "draft": {1: costs["draft_ms"], 2: costs["draft_ms"]},
-        "round": costs["spec_loop_ms"] if gamma else costs["loop_ms"],
-        "fixed": {"spec": costs["spec_fixed_ms"], "plain": costs["plain_fixed_ms"]},
-    }
     policy = Lookahead("static", gamma) if gamma else None
     histogram = [0] * gamma + [steps]
-    return modeled_latency_ms(policy, histogram, draft_calls, int(out.lengths.sum()), model)
+    return modeled_latency_ms(policy, histogram, draft_calls, int(out.lengths.sum()), costs)
 
 
 def random_prompts(vocab_size: int, batch: int, prompt_len: int):
@@ -227,25 +201,18 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats:
         target, draft, target_params, draft_params, prompts, lengths,
         gamma=gamma, max_new_tokens=max_new_tokens,
     )  # fmt: skip
-    calls = max(8, max_new_tokens // (gamma + 1))
-    n = max_new_tokens  # Every timer's caches as long as the runs' (`timing._cache_length`).
-    timed_pair = (target, target_params, draft, draft_params, prompts, lengths, gamma, calls, n)
-    timers = {
-        "draft": step_timer(draft, draft_params, prompts, lengths, 1, calls, n),
-        "target": step_timer(target, target_params, prompts, lengths, 1, calls, n),
-        "verify": step_timer(target, target_params, prompts, lengths, gamma + 1, calls, n),
-        "round": round_timer(*timed_pair),
-        "decoder_round": decoder_round_timer(*timed_pair),
-        "plain_decoder": decoder_round_timer(
-            target, target_params, None, None, prompts, lengths, 0, calls, n
-        ),
-    }
+    timers, calls, timed_gamma = call_cost_timers(
+        target, target_params, draft, draft_params, (prompts, lengths),
+        [Lookahead("static", gamma)], max_new_tokens=max_new_tokens,  # Caches as the runs'.
+    )  # fmt: skip
     plain(), spec()  # Compiles both.
     runs, seconds = interleaved({"plain": plain, "spec": spec, **timers}, repeats)
     plain_out, spec_out = runs["plain"][-1], runs["spec"][-1]
     plain_s, spec_s = seconds["plain"], seconds["spec"]
-    speedup = _median_ratio(plain_s, spec_s)
-    costs = in_context_costs({k: runs[k] for k in timers}, gamma)
+    speedup = statistics.median(p / q for p, q in zip(plain_s, spec_s))
+    timed = {name: runs[name] for name in timers}
+    model_costs = call_costs(timed, calls, timed_gamma)
+    costs = in_context_costs(timed, model_costs, gamma, timed_gamma)
     ideal = lambda c: spec_out.tau / (gamma * c + costs["r_gamma"])
     tokens = batch * max_new_tokens
     latency = {
@@ -253,8 +220,8 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats:
         for name, s, out in (("plain", plain_s, plain_out), ("speculative", spec_s, spec_out))
     }
     modeled = {
-        "plain": modeled_ms_per_token(plain_out, 0, costs),
-        "speculative": modeled_ms_per_token(spec_out, gamma, costs),
+        "plain": modeled_ms_per_token(plain_out, 0, model_costs),
+        "speculative": modeled_ms_per_token(spec_out, gamma, model_costs),
     }
     return {
         "gamma": gamma,

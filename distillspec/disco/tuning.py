@@ -14,7 +14,7 @@ from typing import Any
 
 from distillspec import checks, lookahead
 from distillspec.evaluation.policies import measure_policies
-from distillspec.evaluation.timing import measure_call_costs
+from distillspec.evaluation.timing import call_cost_timers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +74,14 @@ def tune_policies(
     ):
         label = f"{kind}@{sl_max}/{threshold:g}/{'keep' if keep_last else 'drop'}"
         grid[label] = lookahead.Lookahead(kind, sl_max, threshold=threshold, keep_last=keep_last)
-    widths = {w for la in grid.values() for w in lookahead.verify_widths(la)}
-    costs = measure_call_costs(
-        target, target_params, draft, draft_params, prompts[0], widths,
-        max_new_tokens=max_new_tokens,
+    cost_timers = call_cost_timers(
+        target, target_params, draft, draft_params, prompts[0], grid.values(),
+        classifier=classifier, max_new_tokens=max_new_tokens,
     )  # fmt: skip
-    measured = measure_policies(
+    measured, costs = measure_policies(
         target, target_params, draft, draft_params, prompts, grid, classifier=classifier,
-        costs=costs, max_new_tokens=max_new_tokens, eos_id=eos_id, vocab_size=vocab_size,
+        cost_timers=cost_timers, max_new_tokens=max_new_tokens, eos_id=eos_id,
+        vocab_size=vocab_size,
         timing_repeats=timing_repeats, desc="tuning",
     )  # fmt: skip
     modeled = {name: m["modeled_latency_ms"] for name, m in measured.items()}

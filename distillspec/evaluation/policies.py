@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from distillspec import lookahead as sl
 from distillspec.decoding import DecodeResult, generate, speculative_generate
 from distillspec.evaluation.drafts import mean_tvd
 from distillspec.evaluation.timing import (
+    call_cost_timers,
+    call_costs,
     interleaved_items,
-    measure_call_costs,
     modeled_latency_ms,
 )
 from distillspec.feature_converters import single_prompts
@@ -110,13 +110,13 @@ def measure_policies(
     policies: Mapping[str, Lookahead],
     *,
     classifier=None,
-    costs: Mapping[str, Any] | None = None,
+    cost_timers: tuple | None = None,
     max_new_tokens: int,
     eos_id: int | None,
     vocab_size: int | None = None,
     timing_repeats: int = 1,
     desc: str = "policies",
-) -> dict[str, dict[str, Any]]:
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
     """Greedy decoding latency per generated token of each lookahead policy, at batch 1.
 
     Every prompt is decoded by the target alone ('target') and by each policy, one after the
@@ -129,14 +129,17 @@ def measure_policies(
       prompts: (prompt_tokens [1, P], prompt_lengths [1]) pairs, all of one shape.
       policies: {name: Lookahead}; names must not be 'target'.
       classifier: DISCO classifier variables (for kind 'disco').
-      costs: `timing.measure_call_costs` output; with it each policy also gets
-        modeled_latency_ms.
+      cost_timers: `timing.call_cost_timers` output for these policies; with it the cost
+        model's timers run once per prompt beside the policies (interleaved: the machine's
+        speed drifts by tens of percent over minutes, so costs timed apart from the runs they
+        price would misprice them), and each policy also gets modeled_latency_ms.
       Others as in `evaluate_drafts`.
 
     Returns:
-      {'target' and each policy name: measured fields of a policy record (see
+      ({'target' and each policy name: measured fields of a policy record (see
       POLICY_RECORD_KEYS): alpha, tau, mean_sl, sl_histogram, latency_ms, target_latency_ms,
-      speedup, exact, num_prompts, tokens, target_calls, draft_calls, sl_max, threshold}.
+      speedup, exact, num_prompts, tokens, target_calls, draft_calls, sl_max, threshold},
+      the call costs (`timing.call_costs`, per-prompt samples) or None without cost_timers).
     """
     if not prompts:
         raise ValueError("prompts is empty: pass at least one (prompt_tokens, prompt_lengths)")
@@ -165,16 +168,25 @@ def measure_policies(
     mean_tvd(  # Stops on non-finite logits of either model before anything is timed.
         target, target_params, draft, draft_params, [first], references[:1], greedy, vocab_size
     )
+    timers = {}
+    if cost_timers is not None:
+        timers = {
+            ("cost", *name): (lambda *_, t=timer: t()) for name, timer in cost_timers[0].items()
+        }
     results, seconds = interleaved_items(
-        fns, list(zip(prompts, references)), timing_repeats, _prompt_shape, desc=desc
+        {**fns, **timers}, list(zip(prompts, references)), timing_repeats, _prompt_shape, desc=desc
     )
+    costs = None
+    if cost_timers is not None:
+        costs = call_costs({name[1:]: results[name] for name in timers}, *cost_timers[1:])
     target_latency = 1000.0 * seconds[TARGET_POLICY] / max(_counter_sum(references, "lengths"), 1)
-    return {
+    measured = {
         name: _policy_fields(
-            runs, seconds[name], policies.get(name), references, target_latency, costs
+            results[name], seconds[name], policies.get(name), references, target_latency, costs
         )
-        for name, runs in results.items()
+        for name in fns
     }
+    return measured, costs
 
 
 def policy_records(
@@ -272,19 +284,18 @@ def evaluate_policies(
             policies, tuning, heuristic_sl_max=heuristic_sl_max,
             heuristic_start=heuristic_start, oracle_sl_max=oracle_sl_max,
         )  # fmt: skip
-        costs = None
-        if model_costs:
+        cost_timers = None
+        if model_costs:  # Timed on the first prompt, beside every set's runs.
             first = single_prompts(next(iter(sets.values())))[0]
-            widths = {w for la in lookaheads.values() for w in sl.verify_widths(la)}
-            costs = measure_call_costs(
-                target, target_params, draft, draft_params, first, widths,
-                max_new_tokens=max_new_tokens,
+            cost_timers = call_cost_timers(
+                target, target_params, draft, draft_params, first, lookaheads.values(),
+                classifier=classifier, max_new_tokens=max_new_tokens,
             )  # fmt: skip
         for (task, split), batches in sets.items():
-            measured = measure_policies(
+            measured, _ = measure_policies(
                 target, target_params, draft, draft_params,
                 single_prompts(batches)[:num_prompts], lookaheads, classifier=classifier,
-                costs=costs,
+                cost_timers=cost_timers,
                 max_new_tokens=max_new_tokens, eos_id=eos_id, timing_repeats=timing_repeats,
                 vocab_size=vocab_size, desc=f"{name} {task}/{split}",
             )  # fmt: skip

@@ -11,11 +11,13 @@ are on the host before the clock is read (the decoders return host arrays), and 
   round_timer         seconds per speculative round's model calls (gamma draft steps, then the
                       target scoring gamma + 1 positions) inside a jitted loop alternating them,
                       so the draft runs with the target's weights passing through the caches.
-  decoder_round_timer seconds per round of the speculative decoder itself (static gamma,
-                      greedy): its model calls and its own work (selection, acceptance,
-                      bookkeeping).
+  decoder_round_timer seconds per round of the decoder itself (greedy, any policy's program):
+                      its model calls and its own work (selection, acceptance, bookkeeping,
+                      a dynamic draft loop's stops, the verify-width switch).
+  call_cost_timers    all the timers the cost model needs for a set of policies; run them
+  call_costs          interleaved (`interleaved`) and these are the costs in ms:
   measure_call_costs  ms per target call by width, per draft call (in the loop's context and
-                      alone), and the loop's own work per plain step and per speculative round.
+                      alone), and each program's own work per round and per draft call.
   modeled_latency_ms  ms per token of a decoding run from its counted calls and those costs.
 """
 
@@ -204,16 +206,156 @@ def round_timer(target, target_params, draft, draft_params, prompts, lengths, ga
     return _per_call_timer(lambda n: run(target_params, draft_params, prompts, lengths, n), rounds)
 
 
-def decoder_round_timer(target, target_params, draft, draft_params, prompts, lengths,
-                        gamma: int, rounds: int, max_new_tokens: int | None = None):  # fmt: skip
-    """The decoder's own loop (`decoding.fixed_round_decoder`: greedy, static gamma, every round
-    full; gamma 0 and draft None: plain) as a zero-argument timer of (seconds per round, seconds
-    per run outside its rounds: prefill, dispatch, output), compiled before it is returned.
+def rounds_within(max_new_tokens: int | None, tokens_per_round: int, most: int = 16) -> int:
+    """How many calls or rounds a timer loops over: as many as a run of max_new_tokens holds
+    (its caches then are the run's length), 2 to `most`."""
+    if not max_new_tokens:
+        return most
+    return int(np.clip(max_new_tokens // tokens_per_round, 2, most))
 
-    Minus a `round_timer` of the same pair and gamma (plain: a target `step_timer`), the first
+
+def program_key(policy: sl.Lookahead | None) -> str:
+    """The cost model's name of a policy's compiled loop: 'plain', 'static' (every SL-k), or
+    '<kind>-<sl_max>' (a dynamic policy's draft loop and verify-width switch)."""
+    if policy is None:
+        return "plain"
+    return "static" if policy.kind == "static" else f"{policy.kind}-{policy.sl_max}"
+
+
+def decoder_round_timer(target, target_params, draft, draft_params, prompts, lengths,
+                        policy: sl.Lookahead | None, max_new_tokens: int | None = None,
+                        classifier=None):  # fmt: skip
+    """The decoder's own loop (`decoding.fixed_round_decoder`, greedy; policy None and draft
+    None: plain) as a zero-argument timer of (seconds per round, seconds per run outside its
+    rounds: prefill, dispatch, output), compiled before it is returned; and what one round calls:
+    {'draft_calls': draft calls, 'verify': {width: target calls}} (the busiest row's).
+
+    Minus its rounds' model calls (a `round_timer`, a target `step_timer` per width), the first
     leaves the loop's own work per round: what a round spends outside its model calls."""
-    run = fixed_round_decoder(target, draft, gamma, rounds, max_new_tokens)
-    return _linear_timer(lambda n: run(target_params, draft_params, prompts, lengths, n), rounds)
+    most = policy.sl_max + 1 if policy is not None else 1
+    if policy is not None and policy.kind in ("confidence", "disco", "oracle"):
+        most = 2  # Held to one draft per round (`fixed_round_decoder`).
+    rounds = rounds_within(max_new_tokens, most)
+    run = fixed_round_decoder(target, draft, policy, rounds, max_new_tokens)
+    counts = [jax.device_get(run(target_params, draft_params, prompts, lengths, n, classifier))
+              for n in (rounds, 1)]  # fmt: skip
+    row = int(np.argmax(counts[0]["draft_calls"]))
+    per_round = lambda name: (counts[0][name][row] - counts[1][name][row]) / (rounds - 1)
+    verify = {}
+    if policy is not None:
+        widths = sl.verify_widths(policy)
+        for drafts, share in enumerate(per_round("sl_histogram")):
+            if share:
+                width = min(w for w in widths if w >= drafts + 1)
+                verify[width] = verify.get(width, 0.0) + float(share)
+    calls = {"draft_calls": float(per_round("draft_calls")), "verify": verify or {1: 1.0}}
+    timer = _linear_timer(
+        lambda n: run(target_params, draft_params, prompts, lengths, n, classifier)["lengths"],
+        rounds,
+    )
+    return timer, calls
+
+
+def call_cost_timers(
+    target, target_params, draft, draft_params, prompt, policies: Iterable[sl.Lookahead], *,
+    classifier=None, max_new_tokens: int | None = None,
+) -> tuple[dict[tuple, Callable[[], Any]], dict[str, dict], int]:  # fmt: skip
+    """The timers behind the cost model of these policies, to be run interleaved.
+
+    Returns:
+      ({name: zero-argument timer}, {program: its round's calls}, gamma): ('target', w) a
+      target call scoring w positions for every verify width; ('draft', 1|2) a draft call alone;
+      ('round', 1|gamma) a static round's model calls (`round_timer`); ('decoder', program) the
+      decoder's own rounds (`decoder_round_timer`) of 'plain', 'static-1', 'static-<gamma>' and
+      each dynamic policy's program (`program_key`). gamma is the widest verify width - 1, at
+      most 8: an oracle's SL_max of 64 would time rounds no typical round pays.
+    """
+    tokens, lengths = prompt
+    policies = list(policies)
+    widths = {w for p in policies for w in sl.verify_widths(p)}
+    gamma = min(max(widths | {2}), 9) - 1
+    n = max_new_tokens
+    timers: dict[tuple, Callable[[], Any]] = {}
+    for w in sorted(widths | {1, 2, gamma + 1}):
+        timers["target", w] = step_timer(target, target_params, tokens, lengths, w,
+                                         rounds_within(n, w), n)  # fmt: skip
+    for w in (1, 2):
+        timers["draft", w] = step_timer(draft, draft_params, tokens, lengths, w,
+                                        rounds_within(n, w), n)  # fmt: skip
+    for g in sorted({1, gamma}):
+        timers["round", g] = round_timer(target, target_params, draft, draft_params, tokens,
+                                         lengths, g, rounds_within(n, g + 1), n)  # fmt: skip
+    programs = {"plain": None, "static-1": sl.Lookahead("static", 1)}
+    programs[f"static-{gamma}"] = sl.Lookahead("static", gamma)
+    programs.update({program_key(p): p.static_part for p in policies if p.kind != "static"})
+    calls = {}
+    for key, policy in programs.items():
+        models = (draft, draft_params) if policy is not None else (None, None)
+        timers["decoder", key], calls[key] = decoder_round_timer(
+            target, target_params, *models, tokens, lengths, policy, n,
+            classifier if policy is not None and policy.kind == "disco" else None,
+        )  # fmt: skip
+    return timers, calls, gamma
+
+
+def in_context_draft(seconds: Mapping[tuple, Sequence[float]], gamma: int) -> list[float]:
+    """Seconds per draft step in the loop's context, per repeat: (a static round of gamma draft
+    steps and the target's gamma + 1 wide call) - that call, / gamma, >= 0 (on a tiny pair
+    timing noise can make a round look cheaper than its verify). The round's first draft call
+    scores 2 positions and the others 1; both widths are priced at this mean."""
+    rounds, verify = seconds["round", gamma], seconds["target", gamma + 1]
+    return [max(r - v, 0.0) / gamma for r, v in zip(rounds, verify)]
+
+
+def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict], gamma: int):
+    """The cost model's milliseconds from interleaved runs of `call_cost_timers` (one entry per
+    repeat under each name; medians of per-repeat differences, so a slow stretch of the
+    machine hits both sides of a difference alike).
+
+    Returns:
+      {'target': {w: a target call scoring w positions}, 'draft': {1: .., 2: ..} a draft step in
+       the loop's context (`in_context_draft`), 'draft_isolated': {1: .., 2: ..} a draft call
+       alone (its weights cache-hot: a lower bound), 'round': the plain loop's own work per
+       step, 'per_draft': the speculative loop's own work per draft call, 'spec_round':
+       {program: its own work per round besides per_draft}, 'fixed': {program: a run's cost
+       outside its rounds (prefill, dispatch, output)}}, programs as in `program_key`.
+    The static loop's per_draft and per-round work come from its rounds of 1 and of gamma
+    drafts; a dynamic program's per-round work is its decoder round minus that round's calls
+    priced at these costs (and per_draft), so its draft loop and verify-width switch are in it.
+    """
+    ms = lambda values: 1e3 * statistics.median(values)
+    repeats = range(len(seconds["target", 1]))
+    target = {w: s for (kind, w), s in seconds.items() if kind == "target"}
+    draft = in_context_draft(seconds, gamma)
+
+    def own_work(key, model_calls):  # ms per round outside its calls, per repeat.
+        return [1e3 * (seconds["decoder", key][i][0] - model_calls[i]) for i in repeats]
+
+    plain = own_work("plain", target[1])
+    one = own_work("static-1", seconds["round", 1])
+    full = own_work(f"static-{gamma}", seconds["round", gamma])
+    per_draft = max(statistics.median(f - o for f, o in zip(full, one)) / (gamma - 1), 0.0) \
+        if gamma > 1 else 0.0  # fmt: skip
+    spec_round = {"static": max(statistics.median(one) - per_draft, 0.0)}
+    fixed = {"plain": ms([run[1] for run in seconds["decoder", "plain"]]),
+             "static": ms([run[1] for run in seconds["decoder", f"static-{gamma}"]])}  # fmt: skip
+    for key, round_calls in calls.items():
+        if key in ("plain", "static-1", f"static-{gamma}"):
+            continue
+        priced = [sum(k * target[w][i] for w, k in round_calls["verify"].items())
+                  + round_calls["draft_calls"] * draft[i] for i in repeats]  # fmt: skip
+        work = statistics.median(own_work(key, priced)) - per_draft * round_calls["draft_calls"]
+        spec_round[key] = max(work, 0.0)
+        fixed[key] = ms([run[1] for run in seconds["decoder", key]])
+    return {
+        "target": {w: ms(s) for w, s in sorted(target.items())},
+        "draft": {1: ms(draft), 2: ms(draft)},
+        "draft_isolated": {w: ms(seconds["draft", w]) for w in (1, 2)},
+        "round": max(statistics.median(plain), 0.0),
+        "per_draft": per_draft,
+        "spec_round": spec_round,
+        "fixed": fixed,
+    }
 
 
 def measure_call_costs(
@@ -222,65 +364,24 @@ def measure_call_costs(
     draft,
     draft_params,
     prompt: tuple[np.ndarray, np.ndarray],
-    widths: Iterable[int],
+    policies: Iterable[sl.Lookahead],
     *,
+    classifier=None,
     max_new_tokens: int | None = None,
-    repeats: int = 5,
+    repeats: int = 25,
 ) -> dict[str, Any]:
-    """Measured milliseconds per model call at batch 1, for `modeled_latency_ms`.
-
-    Returns:
-      {'target': {w: one target call scoring w positions}, 'draft': {1: .., 2: ..} the draft
-       step in the loop's context, 'draft_isolated': {1: .., 2: ..} timed in a loop of draft
-       calls alone, 'round' / 'spec_round': the loop's own work per plain step / speculative
-       round (a round of the decoder itself, `decoder_round_timer`, minus its model calls,
-       >= 0), 'fixed': {'plain': .., 'spec': ..} a run's cost outside its rounds (prefill of
-       the model(s), dispatch, output)}.
-    Each figure is the median of `repeats` timings of a jitted loop of calls or rounds. The
-    in-context draft step is (a round of gamma draft steps and the target's gamma + 1 wide
-    call, `round_timer`, at gamma = the widest verify width - 1, at most 8) minus that target
-    call, / gamma, medians of per-repeat differences: alone, the draft's weights stay cache-hot
-    and a draft step looks several times cheaper than it is inside the decoding loop. The
-    speculative loop's own work and fixed part are measured at that gamma and priced for every
-    policy.
-    """
-    tokens, lengths = prompt
-
-    def timed(timer):
-        return [1e3 * timer() for _ in range(repeats)]
-
-    widths = set(widths)
-    # Rounds of the widest verify up to 9 (SL_max 8): an oracle's SL_max of 64 would time
-    # rounds of 64 drafts, whose long caches and bookkeeping no typical round pays.
-    gamma = min(max(widths | {2}), 9) - 1
-    widths = sorted(widths | {1, 2, gamma + 1})
-    n = max_new_tokens
-    target_ms = {w: timed(step_timer(target, target_params, tokens, lengths, w, 16, n))
-                 for w in widths}  # fmt: skip
-    pair = (target, target_params, draft, draft_params, tokens, lengths, gamma, 16, n)
-    rounds = timed(round_timer(*pair))
-    in_context = statistics.median(
-        max(r - v, 0.0) / gamma for r, v in zip(rounds, target_ms[gamma + 1])
-    )
-    isolated = {w: statistics.median(timed(step_timer(draft, draft_params, tokens, lengths, w,
-                                                      16, n))) for w in (1, 2)}  # fmt: skip
-    spec_timer = decoder_round_timer(*pair)
-    plain_timer = decoder_round_timer(target, target_params, None, None, tokens, lengths, 0, 16, n)
-    spec, plain = [spec_timer() for _ in range(repeats)], [plain_timer() for _ in range(repeats)]
-    loop = lambda runs, calls: statistics.median(
-        max(1e3 * run[0] - call, 0.0) for run, call in zip(runs, calls)
-    )
-    return {
-        "target": {w: statistics.median(ms) for w, ms in target_ms.items()},
-        "draft": {1: in_context, 2: in_context},
-        "draft_isolated": isolated,
-        "round": loop(plain, target_ms[1]),
-        "spec_round": loop(spec, rounds),
-        "fixed": {
-            name: statistics.median(1e3 * run[1] for run in runs)
-            for name, runs in (("plain", plain), ("spec", spec))
-        },
-    }
+    """Measured milliseconds per model call and per round of each policy's loop at the prompt's
+    batch (1 for `modeled_latency_ms` of batch-1 runs): `call_cost_timers` run interleaved
+    `repeats` times after one untimed pass (the first pass after compiling runs slow), then
+    `call_costs`. classifier: DISCO's variables, for 'disco' policies. Sub-millisecond calls on
+    a shared machine vary by tens of percent from one timing to the next, hence the repeats
+    (a few seconds in all on small models)."""
+    timers, calls, gamma = call_cost_timers(
+        target, target_params, draft, draft_params, prompt, policies,
+        classifier=classifier, max_new_tokens=max_new_tokens,
+    )  # fmt: skip
+    interleaved(timers, 1)
+    return call_costs(interleaved(timers, repeats)[0], calls, gamma)
 
 
 def modeled_latency_ms(
@@ -290,16 +391,22 @@ def modeled_latency_ms(
     """ms per token of `runs` decoding runs from counted calls and measured costs
     (`measure_call_costs`).
 
-    Each round costs the target call at the width the decoder used (`verify_widths`) plus the
-    loop's own work per round ('spec_round' for speculative rounds where measured, else 'round',
-    a plain step's); each draft call costs a draft step (the first of a round scores 2
-    positions); each run costs its fixed part ('fixed', where measured: prefill, dispatch).
+    Each round costs the target call at the width the decoder used (`verify_widths`) plus its
+    program's own work per round ('spec_round'; a plain step's: 'round'); each draft call costs
+    a draft step (the first of a round scores 2 positions) plus the loop's own work per draft
+    ('per_draft'); each run costs its program's fixed part ('fixed': prefill, dispatch).
     Deterministic for greedy decoding, so it ranks policies without the timing noise of a
     shared machine; the measured latency is reported beside it.
     """
+    key = program_key(policy)
+    if policy is not None and key not in costs["spec_round"]:
+        raise ValueError(
+            f"these call costs have no measurement of the {key!r} loop (they have "
+            f"{sorted(costs['spec_round'])}): pass its policy to measure_call_costs"
+        )
     widths = sl.verify_widths(policy) if policy else (1,)
-    loop = costs.get("spec_round", costs["round"]) if policy else costs["round"]
-    total = runs * costs.get("fixed", {}).get("spec" if policy else "plain", 0.0)
+    loop = costs["spec_round"][key] if policy else costs["round"]
+    total = runs * costs["fixed"][key]
     for drafts, rounds in enumerate(sl_histogram):
         if rounds:
             width = min(w for w in widths if w >= drafts + 1)
@@ -307,4 +414,5 @@ def modeled_latency_ms(
     if policy:
         rounds = int(np.sum(sl_histogram))
         total += rounds * costs["draft"][2] + (draft_calls - rounds) * costs["draft"][1]
+        total += draft_calls * costs["per_draft"]
     return total / max(tokens, 1)
