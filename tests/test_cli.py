@@ -235,3 +235,19 @@ def test_round_profile_script_on_your_own_checkpoints(tiny_quickstart):
         assert r["rounds"] >= 8 // 3 and r["target_call_ms"] > 0 and r["round_calls_ms"] > 0
         assert r["spec_outside_ms"] == pytest.approx(r["spec_round_ms"] - r["round_calls_ms"],
                                                      abs=1e-3)  # fmt: skip
+
+
+def test_policy_latency_script_on_your_own_checkpoints(tiny_quickstart):
+    import runpy
+
+    exports = tiny_quickstart[0]
+    path = pathlib.Path(__file__).parents[1] / "scripts" / "policy_latency.py"
+    out = runpy.run_path(str(path))["main"]([
+        "--target", str(exports / "target" / "export"), "--draft",
+        str(exports / "distilled" / "export"), "--vocabulary", "byte", "--prompts", "2",
+        "--max_new_tokens", "8", "--prompt_length", "16", "--repeats", "1",
+    ])  # fmt: skip
+    assert out["exact"]  # Every policy's output is the target's.
+    for name in ("target", "static", "heuristic", "confidence", "oracle"):
+        assert out[name] > 0
+    assert out["oracle_vs_static"] == pytest.approx(out["oracle"] / out["static"], rel=1e-2)
