@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -28,3 +30,35 @@ def check_int_list(name: str, values: Sequence[Any], minimum: int = 1) -> list[i
             f"{name} must be a non-empty list of integers >= {minimum}, got {values!r}"
         )
     return [int(v) for v in values]
+
+
+def check_prompt(prompt_tokens, prompt_lengths, num_ids: int) -> tuple[jax.Array, jax.Array]:
+    """Shapes, lengths in [1, P], and ids of the real prompt tokens in [0, num_ids) (an id past
+    an embedding reads garbage, NaN on some backends, and every metric after it is wrong)."""
+    # Host input stays numpy (checked here, sent with the call); device arrays stay on device.
+    asarray = lambda x: (
+        jnp.asarray(x, jnp.int32) if isinstance(x, jax.Array) else np.asarray(x, np.int32)
+    )
+    prompt_tokens, prompt_lengths = asarray(prompt_tokens), asarray(prompt_lengths)
+    if prompt_tokens.ndim != 2 or prompt_lengths.shape != prompt_tokens.shape[:1]:
+        raise ValueError(
+            "prompt_tokens must be [B, P] and prompt_lengths [B]; got shapes "
+            f"{prompt_tokens.shape} and {prompt_lengths.shape}"
+        )
+    if not isinstance(prompt_lengths, jax.core.Tracer):
+        lengths = np.asarray(prompt_lengths)
+        if lengths.min() < 1 or lengths.max() > prompt_tokens.shape[1]:
+            raise ValueError(
+                f"prompt_lengths must be in [1, {prompt_tokens.shape[1]}], got {lengths.tolist()}"
+            )
+    if not isinstance(prompt_tokens, jax.core.Tracer):
+        tokens = np.asarray(prompt_tokens)
+        real = np.arange(tokens.shape[1]) < np.asarray(prompt_lengths)[:, None]
+        bad = real & ((tokens < 0) | (tokens >= num_ids))
+        if bad.any():
+            row, col = (int(i[0]) for i in np.nonzero(bad))
+            raise ValueError(
+                f"prompt token id {int(tokens[row, col])} (row {row}, position {col}) is outside "
+                f"the models' embeddings [0, {num_ids}): the tokenizer does not match the models"
+            )
+    return prompt_tokens, prompt_lengths

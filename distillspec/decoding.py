@@ -176,9 +176,8 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
 
 
 def _verify(target, params, cache, tokens, position, num_drafts, done, spec: _Spec, select):
-    """select(target logits [B, w, V]) for last token + drafts, [B, G + 1, ...], in the narrowest
-    compiled width w that holds every active row's drafts (positions past it are padding, never
-    read). Selecting inside the width's branch keeps the padded buffers small (greedy: tokens)."""
+    """select(target logits [B, w, V]) for last token + drafts, padded to [B, G + 1, ...], in the
+    narrowest compiled width w holding every active row's drafts (padding is never read)."""
     widths = sl.verify_widths(spec.policy)
     full = spec.gamma + 1
 
@@ -359,23 +358,24 @@ def _compiled(target, draft, spec: _Spec, packed: bool = False):
     return jax.jit((lambda *args: _packed(decode(*args))) if packed else decode)
 
 
+def fixed_round_tokens(policy: Lookahead | None) -> int:
+    """The most tokens a row emits in a round of `fixed_round_decoder` (1 plain)."""
+    if policy is None:
+        return 1
+    return 2 if policy.kind in ("confidence", "disco", "oracle") else policy.sl_max + 1
+
+
 def fixed_round_decoder(target, draft, policy: Lookahead | None, max_rounds: int,
                         max_new_tokens: int | None = None, vocab_size=None):  # fmt: skip
-    """The greedy decoder (policy None and draft None: plain) run for a given number of rounds,
-    for timing (`timing.decoder_round_timer`): a jitted fn(target_params, draft_params,
+    """The greedy decoder (policy None and draft None: plain) for timing a given number of
+    rounds (`timing.decoder_round_timer`): a jitted fn(target_params, draft_params,
     prompt_tokens, prompt_lengths, num_rounds <= max_rounds, classifier=None) -> {'lengths',
-    'draft_calls', 'sl_histogram'} per row (device arrays).
-
-    No row finishes within max_rounds rounds (no EOS, room for every round's most tokens), so
-    every round does a whole round's work. The confidence and DISCO rules and the oracle are
-    held to their shortest rounds: a threshold above every confidence, a reference no draft
-    matches (one draft call per round, the same compiled program as their real runs); static
-    and heuristic rounds draft what their schedule says. The caches are as long as a run of
-    max_new_tokens would have (at least the rounds' own room).
+    'draft_calls', 'sl_histogram'} per row. No row finishes within max_rounds (no EOS, room for
+    `fixed_round_tokens` per round), so every round is whole. Confidence, DISCO and the oracle
+    are held to one draft call per round (a threshold above every confidence, a reference no
+    draft matches: their real runs' compiled program). Caches as long as max_new_tokens' run's.
     """
-    forced = policy is not None and policy.kind in ("confidence", "disco", "oracle")
-    per_round = 2 if forced else (policy.sl_max + 1 if policy else 1)
-    room = max(max_rounds * per_round, max_new_tokens or 0)
+    room = max(max_rounds * fixed_round_tokens(policy), max_new_tokens or 0)
     gamma = policy.sl_max if policy else 0
     vocab = shared_vocab_size(target, draft, vocab_size)
     spec = _Spec(gamma, policy and policy.static_part, room, SamplingConfig(), None, None, vocab)
@@ -383,10 +383,9 @@ def fixed_round_decoder(target, draft, policy: Lookahead | None, max_rounds: int
     @jax.jit
     def run(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
             classifier=None):  # fmt: skip
-        batch = prompt_tokens.shape[0]
         inputs = {"threshold": jnp.float32(2), "start": jnp.int32(1), "classifier": classifier}
         if policy is not None and policy.kind == "oracle":
-            inputs["oracle_tokens"] = jnp.full((batch, room), -1, jnp.int32)
+            inputs["oracle_tokens"] = jnp.full((prompt_tokens.shape[0], room), -1, jnp.int32)
         out = _decode(target, draft, spec, target_params, draft_params, prompt_tokens,
                       prompt_lengths, jax.random.PRNGKey(0), inputs, num_rounds)  # fmt: skip
         return {k: out[k] for k in ("lengths", "draft_calls", "sl_histogram")}
@@ -411,38 +410,6 @@ def shared_vocab_size(target, draft, vocab_size: int | None) -> int:
     return vocab_size
 
 
-def _check_prompt(prompt_tokens, prompt_lengths, num_ids: int) -> tuple[jax.Array, jax.Array]:
-    """Shapes, lengths in [1, P], and ids of the real prompt tokens in [0, num_ids) (an id past
-    an embedding reads garbage, NaN on some backends, and every metric after it is wrong)."""
-    # Host input stays numpy (checked here, sent with the call); device arrays stay on device.
-    asarray = lambda x: (
-        jnp.asarray(x, jnp.int32) if isinstance(x, jax.Array) else np.asarray(x, np.int32)
-    )
-    prompt_tokens, prompt_lengths = asarray(prompt_tokens), asarray(prompt_lengths)
-    if prompt_tokens.ndim != 2 or prompt_lengths.shape != prompt_tokens.shape[:1]:
-        raise ValueError(
-            "prompt_tokens must be [B, P] and prompt_lengths [B]; got shapes "
-            f"{prompt_tokens.shape} and {prompt_lengths.shape}"
-        )
-    if not isinstance(prompt_lengths, jax.core.Tracer):
-        lengths = np.asarray(prompt_lengths)
-        if lengths.min() < 1 or lengths.max() > prompt_tokens.shape[1]:
-            raise ValueError(
-                f"prompt_lengths must be in [1, {prompt_tokens.shape[1]}], got {lengths.tolist()}"
-            )
-    if not isinstance(prompt_tokens, jax.core.Tracer):
-        tokens = np.asarray(prompt_tokens)
-        real = np.arange(tokens.shape[1]) < np.asarray(prompt_lengths)[:, None]
-        bad = real & ((tokens < 0) | (tokens >= num_ids))
-        if bad.any():
-            row, col = (int(i[0]) for i in np.nonzero(bad))
-            raise ValueError(
-                f"prompt token id {int(tokens[row, col])} (row {row}, position {col}) is outside "
-                f"the models' embeddings [0, {num_ids}): the tokenizer does not match the models"
-            )
-    return prompt_tokens, prompt_lengths
-
-
 def _run(
     target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec, inputs,
     packed=False,
@@ -450,7 +417,7 @@ def _run(
     if not (isinstance(spec.max_new_tokens, int) and spec.max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {spec.max_new_tokens!r}")
     sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
-    prompt_tokens, prompt_lengths = _check_prompt(prompt_tokens, prompt_lengths, min(sizes))
+    prompt_tokens, prompt_lengths = checks.check_prompt(prompt_tokens, prompt_lengths, min(sizes))
     rng = jax.random.PRNGKey(0) if rng is None else rng
     fn = _compiled(target, draft, spec, packed)
     return fn(target_params, draft_params, prompt_tokens, prompt_lengths, rng, inputs)

@@ -36,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from distillspec import lookahead as sl
-from distillspec.decoding import fixed_round_decoder
+from distillspec.decoding import fixed_round_decoder, fixed_round_tokens
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -232,10 +232,7 @@ def decoder_round_timer(target, target_params, draft, draft_params, prompts, len
 
     Minus its rounds' model calls (a `round_timer`, a target `step_timer` per width), the first
     leaves the loop's own work per round: what a round spends outside its model calls."""
-    most = policy.sl_max + 1 if policy is not None else 1
-    if policy is not None and policy.kind in ("confidence", "disco", "oracle"):
-        most = 2  # Held to one draft per round (`fixed_round_decoder`).
-    rounds = rounds_within(max_new_tokens, most)
+    rounds = rounds_within(max_new_tokens, fixed_round_tokens(policy))
     run = fixed_round_decoder(target, draft, policy, rounds, max_new_tokens)
     counts = [jax.device_get(run(target_params, draft_params, prompts, lengths, n, classifier))
               for n in (rounds, 1)]  # fmt: skip
