@@ -222,6 +222,12 @@ def program_key(policy: sl.Lookahead | None) -> str:
     return "static" if policy.kind == "static" else f"{policy.kind}-{policy.sl_max}"
 
 
+def _verify_width(policy: sl.Lookahead | None, drafts: int) -> int:
+    """The target call width a round of this many drafts uses (`lookahead.verify_widths`)."""
+    widths = sl.verify_widths(policy) if policy else (1,)
+    return min(w for w in widths if w >= drafts + 1)
+
+
 def decoder_round_timer(target, target_params, draft, draft_params, prompts, lengths,
                         policy: sl.Lookahead | None, max_new_tokens: int | None = None,
                         classifier=None):  # fmt: skip
@@ -240,10 +246,9 @@ def decoder_round_timer(target, target_params, draft, draft_params, prompts, len
     per_round = lambda name: (counts[0][name][row] - counts[1][name][row]) / (rounds - 1)
     verify = {}
     if policy is not None:
-        widths = sl.verify_widths(policy)
         for drafts, share in enumerate(per_round("sl_histogram")):
             if share:
-                width = min(w for w in widths if w >= drafts + 1)
+                width = _verify_width(policy, drafts)
                 verify[width] = verify.get(width, 0.0) + float(share)
     calls = {"draft_calls": float(per_round("draft_calls")), "verify": verify or {1: 1.0}}
     timer = _linear_timer(
@@ -401,13 +406,11 @@ def modeled_latency_ms(
             f"these call costs have no measurement of the {key!r} loop (they have "
             f"{sorted(costs['spec_round'])}): pass its policy to measure_call_costs"
         )
-    widths = sl.verify_widths(policy) if policy else (1,)
     loop = costs["spec_round"][key] if policy else costs["round"]
     total = runs * costs["fixed"][key]
     for drafts, rounds in enumerate(sl_histogram):
         if rounds:
-            width = min(w for w in widths if w >= drafts + 1)
-            total += rounds * (costs["target"][width] + loop)
+            total += rounds * (costs["target"][_verify_width(policy, drafts)] + loop)
     if policy:
         rounds = int(np.sum(sl_histogram))
         total += rounds * costs["draft"][2] + (draft_calls - rounds) * costs["draft"][1]
