@@ -289,7 +289,10 @@ def _decode(
 ):
     """The whole generation: prefill, rounds until every row is done, output extraction.
 
-    With num_rounds, exactly that many rounds instead, for timing (see `fixed_round_decoder`)."""
+    With num_rounds, exactly that many rounds instead, for timing (see `fixed_round_decoder`).
+    rng None is key 0, made here rather than by the caller: at batch 1 on small models a key
+    made on the host per call is a separate dispatch costing ~3% of the whole decode."""
+    rng = jax.random.PRNGKey(0) if rng is None else rng
     batch, prompt_len = prompt_tokens.shape
     length = prompt_len + spec.max_new_tokens + spec.gamma + 1  # Room for the last round's writes.
     target_cache, prefix, position = target.prefill(
@@ -387,7 +390,7 @@ def fixed_round_decoder(target, draft, policy: Lookahead | None, max_rounds: int
         if policy is not None and policy.kind == "oracle":
             inputs["oracle_tokens"] = jnp.full((prompt_tokens.shape[0], room), -1, jnp.int32)
         out = _decode(target, draft, spec, target_params, draft_params, prompt_tokens,
-                      prompt_lengths, jax.random.PRNGKey(0), inputs, num_rounds)  # fmt: skip
+                      prompt_lengths, None, inputs, num_rounds)  # fmt: skip
         return {k: out[k] for k in ("lengths", "draft_calls", "sl_histogram")}
 
     return run
@@ -418,8 +421,7 @@ def _run(
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {spec.max_new_tokens!r}")
     sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
     prompt_tokens, prompt_lengths = checks.check_prompt(prompt_tokens, prompt_lengths, min(sizes))
-    rng = jax.random.PRNGKey(0) if rng is None else rng
-    fn = _compiled(target, draft, spec, packed)
+    fn = _compiled(target, draft, spec, packed)  # rng None: key 0, made inside the program.
     return fn(target_params, draft_params, prompt_tokens, prompt_lengths, rng, inputs)
 
 
@@ -451,7 +453,9 @@ def _policy_inputs(policy: Lookahead, classifier, oracle_tokens, spec: _Spec, ba
                 "lookahead kind 'oracle' needs oracle_tokens=[B, >= max_new_tokens], the target's "
                 f"greedy output (generate(...).tokens) for B={batch}, got shape {shape}"
             )
-        oracle_tokens = jnp.asarray(oracle_tokens, jnp.int32)[:, : spec.max_new_tokens]
+        # Host input is cut on the host: a jnp slice here would be a dispatch of its own.
+        xp = jnp if isinstance(oracle_tokens, jax.Array) else np
+        oracle_tokens = xp.asarray(oracle_tokens, xp.int32)[:, : spec.max_new_tokens]
     elif oracle_tokens is not None:
         raise ValueError(
             f"oracle_tokens= is used by lookahead kind 'oracle' only, not {policy.kind!r}"

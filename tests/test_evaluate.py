@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 from types import SimpleNamespace
 
@@ -246,6 +247,16 @@ def test_timing_interleaves_and_excludes_warmup():
     assert calls == pair(0) * 3 + pair(1) * 2 + pair(2) * 3
     assert plain_out == ["p0", "p1", "p2"] and spec_out == ["s0", "s1", "s2"]
     assert t_plain >= 0 and t_spec >= 0
+
+
+def test_timed_calls_run_with_the_garbage_collector_off():
+    # A collection landing inside one timed call would add its pause to that call alone.
+    assert gc.isenabled()
+    assert timing.timed(gc.isenabled)[0] is False
+    assert gc.isenabled()  # Restored after the call, also when it raises.
+    with pytest.raises(ZeroDivisionError):
+        timing.timed(lambda: 1 / 0)
+    assert gc.isenabled()
 
 
 def test_latency_prompts_are_the_first_valid_rows_at_batch_1(setup):

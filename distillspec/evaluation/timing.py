@@ -24,6 +24,7 @@ are on the host before the clock is read (the decoders return host arrays), and 
 from __future__ import annotations
 
 import functools
+import gc
 import statistics
 import sys
 import time
@@ -40,10 +41,18 @@ from distillspec.decoding import fixed_round_decoder, fixed_round_tokens
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """(fn(), seconds it took). fn must return host data (the decoders do: one device_get)."""
-    start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start
+    """(fn(), seconds it took). fn must return host data (the decoders do: one device_get).
+    The garbage collector is off meanwhile (as in `timeit`): a collection landing in one
+    millisecond-long call would add its pause to that call alone."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        result = fn()
+        return result, time.perf_counter() - start
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def interleaved(
