@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import flax.struct
@@ -48,6 +49,9 @@ class DecodeResult:
     accepted: np.ndarray  # [B] draft tokens the target kept.
     target_calls: np.ndarray  # [B] target calls made while decoding (the prompt's not counted).
     draft_calls: np.ndarray  # [B] draft calls made while decoding.
+    # [B] rounds the target verified at another width than the round before (a dynamic
+    # policy's verify-width switch; the cost model prices them, `timing.modeled_latency_ms`).
+    width_switches: np.ndarray
     sl_histogram: np.ndarray  # [B, sl_max + 1] rounds per number of drafts proposed (0..sl_max).
 
     @property
@@ -75,6 +79,8 @@ class _LoopState:
     target_calls: jax.Array
     draft_calls: jax.Array
     sl_histogram: jax.Array  # [B, gamma + 1] int32.
+    width: jax.Array  # [B] int32 the last round's verify width (0 before the first round).
+    width_switches: jax.Array
     lookahead: jax.Array  # [B] int32, the heuristic policy's current lookahead.
 
 
@@ -139,6 +145,11 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
         stop, n = sl.stop_after(
             spec.policy, inputs, i, logits, token, state.num_new, state.lookahead, spec.vocab_size
         )
+        if "drafts" in inputs:  # Timing: rounds of scheduled sizes (`fixed_round_decoder`).
+            schedule = inputs["drafts"]  # A run-time verdict: the rule's own work still runs.
+            want = schedule[state.target_calls % schedule.shape[0]]
+            stop = jnp.where(want > 0, i + 1 >= want, stop)
+            n = jnp.where(want > 0, i + 1, n).astype(jnp.int32)
         return (
             tokens.at[:, i].set(token),
             probs if p is None else probs.at[:, i].set(p),
@@ -177,7 +188,8 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
 
 def _verify(target, params, cache, tokens, position, num_drafts, done, spec: _Spec, select):
     """select(target logits [B, w, V]) for last token + drafts, padded to [B, G + 1, ...], in the
-    narrowest compiled width w holding every active row's drafts (padding is never read)."""
+    narrowest compiled width w holding every active row's drafts (padding is never read); the
+    target's new cache; and w."""
     widths = sl.verify_widths(spec.policy)
     full = spec.gamma + 1
 
@@ -188,11 +200,11 @@ def _verify(target, params, cache, tokens, position, num_drafts, done, spec: _Sp
         return jnp.pad(selected, padding), cache
 
     if len(widths) == 1:
-        return call(widths[0], cache)
+        return *call(widths[0], cache), jnp.int32(widths[0])
     needed = jnp.max(jnp.where(done, 0, num_drafts)) + 1
     branch = jnp.searchsorted(jnp.asarray(widths), needed)
     branches = [functools.partial(call, width) for width in widths]
-    return jax.lax.switch(branch, branches, cache)
+    return *jax.lax.switch(branch, branches, cache), jnp.asarray(widths, jnp.int32)[branch]
 
 
 def _kept_count(new: jax.Array, num_emitted: jax.Array, remaining: jax.Array, eos_id):
@@ -223,7 +235,7 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
             draft, draft_params, state.draft_cache, state, rng_draft, spec, inputs
         )
         tokens = jnp.concatenate([last, drafts], axis=1)
-        target_out, target_cache = _verify(
+        target_out, target_cache, width = _verify(
             target, target_params, state.target_cache, tokens, state.position, num_drafts,
             state.done, spec, select,
         )  # fmt: skip
@@ -236,6 +248,7 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
             target_params, state.target_cache, last, state.position
         )
         target_out = select(logits)
+        width = jnp.int32(1)
     proposed = num_drafts if spec.gamma else None
     if spec.sampling.greedy:
         num_accepted, next_token = accept_greedy(drafts, target_out, proposed)
@@ -271,6 +284,8 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
         draft_calls=state.draft_calls + step * draft_calls,
         sl_histogram=state.sl_histogram
         + step[:, None] * jax.nn.one_hot(num_drafts, spec.gamma + 1, dtype=jnp.int32),
+        width=jnp.where(active, width, state.width),
+        width_switches=state.width_switches + step * ((state.width > 0) & (width != state.width)),
         lookahead=lookahead,
     )
 
@@ -315,6 +330,8 @@ def _decode(
         target_calls=zeros,
         draft_calls=zeros,
         sl_histogram=jnp.zeros((batch, spec.gamma + 1), jnp.int32),
+        width=zeros,
+        width_switches=zeros,
         lookahead=jnp.full((batch,), jnp.clip(inputs["start"], 1, max(spec.gamma, 1)), jnp.int32),
     )
     if inputs.get("oracle_tokens") is not None:  # -1 past the reference never matches a draft.
@@ -335,15 +352,16 @@ def _decode(
         accepted=state.accepted,
         target_calls=state.target_calls,
         draft_calls=state.draft_calls,
+        width_switches=state.width_switches,
         sl_histogram=state.sl_histogram,
     )
 
 
-_COUNTERS = ("lengths", "drafted", "accepted", "target_calls", "draft_calls")
+_COUNTERS = ("lengths", "drafted", "accepted", "target_calls", "draft_calls", "width_switches")
 
 
 def _packed(out: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-    """(tokens, [B, 5 + histogram] counters): two transfers to the host instead of seven, which
+    """(tokens, [B, 6 + histogram] counters): two transfers to the host instead of eight, which
     at batch 1 on small models is a measurable part of a call."""
     counters = [out[name][:, None] for name in _COUNTERS] + [out["sl_histogram"]]
     return out["tokens"], jnp.concatenate(counters, axis=1)
@@ -361,37 +379,58 @@ def _compiled(target, draft, spec: _Spec, packed: bool = False):
     return jax.jit((lambda *args: _packed(decode(*args))) if packed else decode)
 
 
-def fixed_round_tokens(policy: Lookahead | None) -> int:
+def fixed_round_tokens(policy: Lookahead | None, drafts: Sequence[int] = (0,)) -> int:
     """The most tokens a row emits in a round of `fixed_round_decoder` (1 plain)."""
     if policy is None:
         return 1
-    return 2 if policy.kind in ("confidence", "disco", "oracle") else policy.sl_max + 1
+    if policy.kind == "static":
+        return policy.sl_max + 1
+    held = 2 if policy.kind in ("confidence", "disco", "oracle") else policy.sl_max + 1
+    return max(d + 1 if d else held for d in drafts)
 
 
 def fixed_round_decoder(target, draft, policy: Lookahead | None, max_rounds: int,
-                        max_new_tokens: int | None = None, vocab_size=None):  # fmt: skip
+                        max_new_tokens: int | None = None, vocab_size=None,
+                        drafts: Sequence[int] = (0,)):  # fmt: skip
     """The greedy decoder (policy None and draft None: plain) for timing a given number of
     rounds (`timing.decoder_round_timer`): a jitted fn(target_params, draft_params,
     prompt_tokens, prompt_lengths, num_rounds <= max_rounds, classifier=None) -> {'lengths',
-    'draft_calls', 'sl_histogram'} per row. No row finishes within max_rounds (no EOS, room for
-    `fixed_round_tokens` per round), so every round is whole. Confidence, DISCO and the oracle
-    are held to one draft call per round (a threshold above every confidence, a reference no
-    draft matches: their real runs' compiled program). Caches as long as max_new_tokens' run's.
+    'draft_calls', 'width_switches', 'sl_histogram'} per row. No row finishes within
+    max_rounds (no EOS, room for `fixed_round_tokens` per round): every round is whole.
+    Confidence, DISCO and the oracle are held to one draft call per round (a threshold above
+    every confidence, a reference no draft matches: their real runs' compiled program). Caches
+    as long as max_new_tokens' run's.
+
+    drafts (dynamic policies): round r proposes drafts[r % len(drafts)] drafts, each in
+    [1, sl_max] (0: the held rule above). The stopping rule still runs on every draft (its
+    verdict is replaced at run time, so its work is not compiled away): rounds of two sizes
+    price the program's own work per draft, and alternating sizes its verify-width switches.
     """
-    room = max(max_rounds * fixed_round_tokens(policy), max_new_tokens or 0)
+    drafts = tuple(drafts)
+    dynamic = policy is not None and policy.kind != "static"
+    if dynamic and (not drafts or not all(0 <= d <= policy.sl_max for d in drafts)):
+        raise ValueError(f"drafts must be counts in [0, sl_max={policy.sl_max}], got {drafts!r}")
+    room = max(max_rounds * fixed_round_tokens(policy, drafts), max_new_tokens or 0)
     gamma = policy.sl_max if policy else 0
     vocab = shared_vocab_size(target, draft, vocab_size)
     spec = _Spec(gamma, policy and policy.static_part, room, SamplingConfig(), None, None, vocab)
 
     @jax.jit
-    def run(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
-            classifier=None):  # fmt: skip
+    def program(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
+                classifier, schedule):  # fmt: skip
         inputs = {"threshold": jnp.float32(2), "start": jnp.int32(1), "classifier": classifier}
+        if dynamic:
+            inputs["drafts"] = schedule
         if policy is not None and policy.kind == "oracle":
             inputs["oracle_tokens"] = jnp.full((prompt_tokens.shape[0], room), -1, jnp.int32)
         out = _decode(target, draft, spec, target_params, draft_params, prompt_tokens,
                       prompt_lengths, None, inputs, num_rounds)  # fmt: skip
-        return {k: out[k] for k in ("lengths", "draft_calls", "sl_histogram")}
+        return {k: out[k] for k in ("lengths", "draft_calls", "width_switches", "sl_histogram")}
+
+    def run(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
+            classifier=None):  # fmt: skip
+        return program(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
+                       classifier, np.asarray(drafts, np.int32))  # fmt: skip
 
     return run
 

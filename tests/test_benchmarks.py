@@ -65,7 +65,7 @@ def test_in_context_costs_are_the_records_view_of_the_call_costs():
         ("draft", 1): [0.05, 0.1, 0.05],  # Alone, cache-hot: 4x cheaper than in the round.
     }
     costs = {"target": {1: 1e3, 3: 2e3}, "draft": {1: 200.0, 2: 200.0},
-             "draft_isolated": {1: 50.0, 2: 60.0}, "round": 500.0, "per_draft": 100.0,
+             "draft_isolated": {1: 50.0, 2: 60.0}, "round": 500.0, "per_draft": {"static": 100.0},
              "spec_round": {"static": 300.0}, "fixed": {"plain": 7e3, "static": 8e3}}  # fmt: skip
     record = bench.in_context_costs(seconds, costs, gamma, gamma)
     assert record["c"] == pytest.approx(0.2)
@@ -84,13 +84,14 @@ def _result(target_calls, draft_calls, lengths) -> DecodeResult:
     return DecodeResult(
         tokens=np.zeros((rows, max(lengths)), np.int32), lengths=np.array(lengths),
         drafted=zeros, accepted=zeros, target_calls=np.array(target_calls),
-        draft_calls=np.array(draft_calls), sl_histogram=np.zeros((rows, 1), np.int32),
+        draft_calls=np.array(draft_calls), width_switches=zeros,
+        sl_histogram=np.zeros((rows, 1), np.int32),
     )  # fmt: skip
 
 
 def test_modeled_latency_prices_the_busiest_row_of_a_lockstep_batch():
     costs = {"target": {1: 1.0, 5: 2.0}, "draft": {1: 0.2, 2: 0.2}, "round": 0.5,
-             "per_draft": 0.05, "spec_round": {"static": 0.5},
+             "per_draft": {"static": 0.05}, "spec_round": {"static": 0.5},
              "fixed": {"plain": 3.0, "static": 4.0}}  # fmt: skip
     # Rows in lockstep: the batch runs 5 rounds (the busiest row's), each of one verify call,
     # 4 draft calls and the speculative loop's own work, plus the run's fixed part, for 2 x 16

@@ -139,7 +139,7 @@ def in_context_costs(seconds: Mapping[Any, Sequence[Any]], costs: Mapping[str, A
         "draft_ms": costs["draft"][1],
         "draft_ms_isolated": costs["draft_isolated"][1],
         "loop_ms": costs["round"],
-        "spec_loop_ms": costs["spec_round"]["static"] + gamma * costs["per_draft"],
+        "spec_loop_ms": costs["spec_round"]["static"] + gamma * costs["per_draft"]["static"],
         "plain_fixed_ms": costs["fixed"]["plain"],
         "spec_fixed_ms": costs["fixed"]["static"],
     }

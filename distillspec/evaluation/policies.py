@@ -87,7 +87,15 @@ def _policy_fields(
         "latency_ms": latency,
         "modeled_latency_ms": None
         if costs is None
-        else modeled_latency_ms(lookahead, hist, total("draft_calls"), tokens, costs, len(runs)),
+        else modeled_latency_ms(
+            lookahead,
+            hist,
+            total("draft_calls"),
+            tokens,
+            costs,
+            len(runs),
+            total("width_switches"),
+        ),  # fmt: skip
         "target_latency_ms": target_latency,
         "speedup": target_latency / max(latency, 1e-12),
         "exact": all(

@@ -239,16 +239,17 @@ def _verify_width(policy: sl.Lookahead | None, drafts: int) -> int:
 
 def decoder_round_timer(target, target_params, draft, draft_params, prompts, lengths,
                         policy: sl.Lookahead | None, max_new_tokens: int | None = None,
-                        classifier=None):  # fmt: skip
+                        classifier=None, drafts: Sequence[int] = (0,)):  # fmt: skip
     """The decoder's own loop (`decoding.fixed_round_decoder`, greedy; policy None and draft
-    None: plain) as a zero-argument timer of (seconds per round, seconds per run outside its
-    rounds: prefill, dispatch, output), compiled before it is returned; and what one round calls:
-    {'draft_calls': draft calls, 'verify': {width: target calls}} (the busiest row's).
+    None: plain; drafts: a dynamic policy's schedule of round sizes) as a zero-argument timer
+    of (seconds per round, seconds per run outside its rounds: prefill, dispatch, output),
+    compiled before it is returned; and what one round does: {'draft_calls': draft calls,
+    'verify': {width: target calls}, 'switches': verify-width switches} (the busiest row's).
 
     Minus its rounds' model calls (a `round_timer`, a target `step_timer` per width), the first
     leaves the loop's own work per round: what a round spends outside its model calls."""
-    rounds = rounds_within(max_new_tokens, fixed_round_tokens(policy))
-    run = fixed_round_decoder(target, draft, policy, rounds, max_new_tokens)
+    rounds = rounds_within(max_new_tokens, fixed_round_tokens(policy, drafts))
+    run = fixed_round_decoder(target, draft, policy, rounds, max_new_tokens, drafts=drafts)
     counts = [jax.device_get(run(target_params, draft_params, prompts, lengths, n, classifier))
               for n in (rounds, 1)]  # fmt: skip
     row = int(np.argmax(counts[0]["draft_calls"]))
@@ -259,7 +260,8 @@ def decoder_round_timer(target, target_params, draft, draft_params, prompts, len
             if share:
                 width = _verify_width(policy, drafts)
                 verify[width] = verify.get(width, 0.0) + float(share)
-    calls = {"draft_calls": float(per_round("draft_calls")), "verify": verify or {1: 1.0}}
+    calls = {"draft_calls": float(per_round("draft_calls")), "verify": verify or {1: 1.0},
+             "switches": float(per_round("width_switches"))}  # fmt: skip
     timer = _linear_timer(
         lambda n: run(target_params, draft_params, prompts, lengths, n, classifier)["lengths"],
         rounds,
@@ -278,8 +280,11 @@ def call_cost_timers(
       target call scoring w positions for every verify width; ('draft', 1|2) a draft call alone;
       ('round', 1|gamma) a static round's model calls (`round_timer`); ('decoder', program) the
       decoder's own rounds (`decoder_round_timer`) of 'plain', 'static-1', 'static-<gamma>' and
-      each dynamic policy's program (`program_key`). gamma is the widest verify width - 1, at
-      most 8: an oracle's SL_max of 64 would time rounds no typical round pays.
+      each dynamic policy's program (`program_key`), and when m = min(gamma, sl_max) > 1 that
+      program's rounds of m drafts ('<program>/<m>') and of 1 and m drafts in turn
+      ('<program>/1,<m>'): with its rounds of one draft call they price its own work per round,
+      per draft and per verify-width switch. gamma is the widest verify width - 1, at most 8:
+      an oracle's SL_max of 64 would time rounds no typical round pays.
     """
     tokens, lengths = prompt
     policies = list(policies)
@@ -296,15 +301,21 @@ def call_cost_timers(
     for g in sorted({1, gamma}):
         timers["round", g] = round_timer(target, target_params, draft, draft_params, tokens,
                                          lengths, g, rounds_within(n, g + 1), n)  # fmt: skip
-    programs = {"plain": None, "static-1": sl.Lookahead("static", 1)}
-    programs[f"static-{gamma}"] = sl.Lookahead("static", gamma)
-    programs.update({program_key(p): p.static_part for p in policies if p.kind != "static"})
+    programs = {"plain": (None, (0,)), "static-1": (sl.Lookahead("static", 1), (0,))}
+    programs[f"static-{gamma}"] = (sl.Lookahead("static", gamma), (0,))
+    for policy in policies:
+        key, m = program_key(policy), min(gamma, policy.sl_max)
+        if policy.kind != "static":
+            programs[key] = (policy.static_part, (0,))
+            if m > 1:
+                programs[f"{key}/{m}"] = (policy.static_part, (m,))
+                programs[f"{key}/1,{m}"] = (policy.static_part, (1, m))
     calls = {}
-    for key, policy in programs.items():
+    for key, (policy, drafts) in programs.items():
         models = (draft, draft_params) if policy is not None else (None, None)
         timers["decoder", key], calls[key] = decoder_round_timer(
             target, target_params, *models, tokens, lengths, policy, n,
-            classifier if policy is not None and policy.kind == "disco" else None,
+            classifier if policy is not None and policy.kind == "disco" else None, drafts,
         )  # fmt: skip
     return timers, calls, gamma
 
@@ -324,47 +335,74 @@ def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict]
     machine hits both sides of a difference alike).
 
     Returns:
-      {'target': {w: a target call scoring w positions}, 'draft': {1: .., 2: ..} a draft step in
-       the loop's context (`in_context_draft`), 'draft_isolated': {1: .., 2: ..} a draft call
+      {'target': {w: a target call scoring w positions}, 'draft': {2: a round's first draft
+       call (it scores 2 positions), 1: each later one} in the loop's context (static rounds of
+       1 and gamma drafts minus their verify calls), 'draft_isolated': {1: .., 2: ..} a draft call
        alone (its weights cache-hot: a lower bound), 'round': the plain loop's own work per
-       step, 'per_draft': the speculative loop's own work per draft call, 'spec_round':
-       {program: its own work per round besides per_draft}, 'fixed': {program: a run's cost
-       outside its rounds (prefill, dispatch, output)}}, programs as in `program_key`.
-    The static loop's per_draft and per-round work come from its rounds of 1 and of gamma
-    drafts; a dynamic program's per-round work is its decoder round minus that round's calls
-    priced at these costs (and per_draft), so its draft loop and verify-width switch are in it.
+       step, 'per_draft': {program: its own work per draft call}, 'spec_round': {program: its
+       own work per round besides per_draft}, 'switch': {program: its own work per switch of
+       verify width (the lax.switch running another branch than the round before: measured
+       ~10% of a small target call on a 2-core CPU)}, 'fixed': {program: a run's cost outside
+       its rounds (prefill, dispatch, output)}}, programs as in `program_key` ('static': every
+       SL-k).
+    The static loop's per-draft and per-round work come from its rounds of 1 and of gamma
+    drafts. A dynamic program's come from its own rounds (of one draft call, of m drafts, of
+    1 and m in turn), each minus its model calls priced at these costs, fitted as per round +
+    per draft x drafts + per switch x switches; so the draft loop's stopping rule and the
+    width switch are in them (without the rounds of m: the static loop's per draft, no switch).
     """
     ms = lambda values: 1e3 * statistics.median(values)
     repeats = range(len(seconds["target", 1]))
     target = {w: s for (kind, w), s in seconds.items() if kind == "target"}
-    draft = in_context_draft(seconds, gamma)
+    # In the loop's context: a round's first draft call (it scores 2 positions), then the rest.
+    first = [max(r - v, 0.0) for r, v in zip(seconds["round", 1], target[2])]
+    later = first
+    if gamma > 1:
+        later = [max(r - v - f, 0.0) / (gamma - 1)
+                 for r, v, f in zip(seconds["round", gamma], target[gamma + 1], first)]  # fmt: skip
 
     def own_work(key, model_calls):  # ms per round outside its calls, per repeat.
         return [1e3 * (seconds["decoder", key][i][0] - model_calls[i]) for i in repeats]
 
+    def own_work_per_draft(wide, narrow, extra_drafts):  # The median's difference per draft.
+        return max(statistics.median((w - n) / extra_drafts for w, n in zip(wide, narrow)), 0.0)
+
+    def round_calls(key):  # Seconds of a timed round's model calls, per repeat.
+        c = calls[key]
+        return [sum(k * target[w][i] for w, k in c["verify"].items())
+                + first[i] + (c["draft_calls"] - 1) * later[i] for i in repeats]  # fmt: skip
+
     plain = own_work("plain", target[1])
     one = own_work("static-1", seconds["round", 1])
     full = own_work(f"static-{gamma}", seconds["round", gamma])
-    per_draft = max(statistics.median(f - o for f, o in zip(full, one)) / (gamma - 1), 0.0) \
-        if gamma > 1 else 0.0  # fmt: skip
-    spec_round = {"static": max(statistics.median(one) - per_draft, 0.0)}
+    per_draft = {"static": own_work_per_draft(full, one, gamma - 1) if gamma > 1 else 0.0}
+    spec_round = {"static": max(statistics.median(one) - per_draft["static"], 0.0)}
+    switch = {"static": 0.0}
     fixed = {"plain": ms([run[1] for run in seconds["decoder", "plain"]]),
              "static": ms([run[1] for run in seconds["decoder", f"static-{gamma}"]])}  # fmt: skip
-    for key, round_calls in calls.items():
-        if key in ("plain", "static-1", f"static-{gamma}"):
-            continue
-        priced = [sum(k * target[w][i] for w, k in round_calls["verify"].items())
-                  + round_calls["draft_calls"] * draft[i] for i in repeats]  # fmt: skip
-        work = statistics.median(own_work(key, priced)) - per_draft * round_calls["draft_calls"]
-        spec_round[key] = max(work, 0.0)
+    static_keys = ("plain", "static-1", f"static-{gamma}")
+    for key in [k for k in calls if k not in static_keys and "/" not in k]:
+        timed_rounds = [key] + [k for k in calls if k.startswith(key + "/")]
+        work = np.array([own_work(k, round_calls(k)) for k in timed_rounds])  # [rounds, repeats]
+        done = np.array([[calls[k]["draft_calls"], calls[k]["switches"]] for k in timed_rounds])
+        if (
+            len(timed_rounds) == 3
+        ):  # Own work = per round + per draft x drafts + per switch x switches.
+            terms = np.linalg.lstsq(np.c_[np.ones(3), done], work, rcond=None)[0][1:]
+            per_draft[key], switch[key] = np.maximum(np.median(terms, axis=1), 0.0).tolist()
+        else:  # Rounds of one draft call only: the static loop's work per draft.
+            per_draft[key], switch[key] = per_draft["static"], 0.0
+        held = work[0] - per_draft[key] * done[0, 0] - switch[key] * done[0, 1]
+        spec_round[key] = max(float(np.median(held)), 0.0)
         fixed[key] = ms([run[1] for run in seconds["decoder", key]])
     return {
         "target": {w: ms(s) for w, s in sorted(target.items())},
-        "draft": {1: ms(draft), 2: ms(draft)},
+        "draft": {1: ms(later), 2: ms(first)},
         "draft_isolated": {w: ms(seconds["draft", w]) for w in (1, 2)},
         "round": max(statistics.median(plain), 0.0),
         "per_draft": per_draft,
         "spec_round": spec_round,
+        "switch": switch,
         "fixed": fixed,
     }
 
@@ -397,15 +435,17 @@ def measure_call_costs(
 
 def modeled_latency_ms(
     policy: sl.Lookahead | None, sl_histogram: Sequence[int], draft_calls: int, tokens: int,
-    costs: Mapping[str, Any], runs: int = 1,
+    costs: Mapping[str, Any], runs: int = 1, switches: int = 0,
 ) -> float:  # fmt: skip
     """ms per token of `runs` decoding runs from counted calls and measured costs
-    (`measure_call_costs`).
+    (`measure_call_costs`); switches: their rounds verified at another width than the round
+    before (DecodeResult.width_switches).
 
     Each round costs the target call at the width the decoder used (`verify_widths`) plus its
     program's own work per round ('spec_round'; a plain step's: 'round'); each draft call costs
     a draft step (the first of a round scores 2 positions) plus the loop's own work per draft
-    ('per_draft'); each run costs its program's fixed part ('fixed': prefill, dispatch).
+    ('per_draft' of its program); each width switch its program's 'switch'; each run costs
+    its program's fixed part ('fixed': prefill, dispatch).
     Deterministic for greedy decoding, so it ranks policies without the timing noise of a
     shared machine; the measured latency is reported beside it.
     """
@@ -423,5 +463,7 @@ def modeled_latency_ms(
     if policy:
         rounds = int(np.sum(sl_histogram))
         total += rounds * costs["draft"][2] + (draft_calls - rounds) * costs["draft"][1]
-        total += draft_calls * costs["per_draft"]
+        total += draft_calls * costs["per_draft"][key]
+    if switches:
+        total += switches * costs["switch"][key]
     return total / max(tokens, 1)
