@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import statistics
 from types import SimpleNamespace
 
 import jax
@@ -479,6 +480,10 @@ def test_call_costs_from_interleaved_seconds_by_hand():
     assert costs["spec_round"] == pytest.approx({"static": 300.0, "disco-8": 650.0})
     assert costs["switch"] == pytest.approx({"static": 0.0, "disco-8": 400.0})
     assert costs["fixed"] == pytest.approx({"plain": 7e3, "static": 8.5e3, "disco-8": 9e3})
+    # Means instead (for totals over prompts): the slow repeat counts, a third of the time.
+    means = timing.call_costs(seconds, calls, gamma, statistics.mean)
+    assert means["target"][1] == pytest.approx(4e3 / 3)
+    assert means["per_draft"] == pytest.approx({"static": 400 / 3, "disco-8": 1e3 / 3})
     # Without its rounds of 4 drafts, a dynamic program's work per draft is the static loop's.
     held = timing.call_costs(seconds, {k: v for k, v in calls.items() if "/" not in k}, gamma)
     assert held["per_draft"] == pytest.approx({"static": 100.0, "disco-8": 100.0})

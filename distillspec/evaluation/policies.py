@@ -12,6 +12,7 @@ to the target's). The tuned policies take a draft's saved DISCO tuning as plain 
 from __future__ import annotations
 
 import functools
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -186,7 +187,11 @@ def measure_policies(
     )
     costs = None
     if cost_timers is not None:
-        costs = call_costs({name[1:]: results[name] for name in timers}, *cost_timers[1:])
+        # Means: each policy's latency is a total over prompts timed once each (per prompt,
+        # the median of timing_repeats), slow spikes included.
+        costs = call_costs(
+            {name[1:]: results[name] for name in timers}, *cost_timers[1:], statistics.mean
+        )
     target_latency = 1000.0 * seconds[TARGET_POLICY] / max(_counter_sum(references, "lengths"), 1)
     measured = {
         name: _policy_fields(

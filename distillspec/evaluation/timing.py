@@ -329,10 +329,14 @@ def in_context_draft(seconds: Mapping[tuple, Sequence[float]], gamma: int) -> li
     return [max(r - v, 0.0) / gamma for r, v in zip(rounds, verify)]
 
 
-def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict], gamma: int):
+def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict], gamma: int,
+               average: Callable[[Sequence[float]], float] = statistics.median):  # fmt: skip
     """The cost model's milliseconds from interleaved runs of `call_cost_timers` (one entry per
-    repeat under each name; medians of per-repeat differences, so a slow stretch of the
-    machine hits both sides of a difference alike).
+    repeat under each name; the average (median, or mean) of per-repeat differences, so a slow
+    stretch of the machine hits both sides of a difference alike). Average as the latencies
+    they are set against are: medians of repeats, or `statistics.mean` for totals over prompts
+    timed once each (a timing's slow spikes are in those totals, and a median leaves them out:
+    on a 2-core VM the mean of a 0.3 ms call's timings is 3-7% above their median).
 
     Returns:
       {'target': {w: a target call scoring w positions}, 'draft': {2: a round's first draft
@@ -351,7 +355,7 @@ def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict]
     per draft x drafts + per switch x switches; so the draft loop's stopping rule and the
     width switch are in them (without the rounds of m: the static loop's per draft, no switch).
     """
-    ms = lambda values: 1e3 * statistics.median(values)
+    ms = lambda values: 1e3 * average(values)
     repeats = range(len(seconds["target", 1]))
     target = {w: s for (kind, w), s in seconds.items() if kind == "target"}
     # In the loop's context: a round's first draft call (it scores 2 positions), then the rest.
@@ -364,8 +368,8 @@ def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict]
     def own_work(key, model_calls):  # ms per round outside its calls, per repeat.
         return [1e3 * (seconds["decoder", key][i][0] - model_calls[i]) for i in repeats]
 
-    def own_work_per_draft(wide, narrow, extra_drafts):  # The median's difference per draft.
-        return max(statistics.median((w - n) / extra_drafts for w, n in zip(wide, narrow)), 0.0)
+    def own_work_per_draft(wide, narrow, extra_drafts):  # Average difference per draft.
+        return max(average([(w - n) / extra_drafts for w, n in zip(wide, narrow)]), 0.0)
 
     def round_calls(key):  # Seconds of a timed round's model calls, per repeat.
         c = calls[key]
@@ -376,7 +380,7 @@ def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict]
     one = own_work("static-1", seconds["round", 1])
     full = own_work(f"static-{gamma}", seconds["round", gamma])
     per_draft = {"static": own_work_per_draft(full, one, gamma - 1) if gamma > 1 else 0.0}
-    spec_round = {"static": max(statistics.median(one) - per_draft["static"], 0.0)}
+    spec_round = {"static": max(average(one) - per_draft["static"], 0.0)}
     switch = {"static": 0.0}
     fixed = {"plain": ms([run[1] for run in seconds["decoder", "plain"]]),
              "static": ms([run[1] for run in seconds["decoder", f"static-{gamma}"]])}  # fmt: skip
@@ -385,21 +389,19 @@ def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict]
         timed_rounds = [key] + [k for k in calls if k.startswith(key + "/")]
         work = np.array([own_work(k, round_calls(k)) for k in timed_rounds])  # [rounds, repeats]
         done = np.array([[calls[k]["draft_calls"], calls[k]["switches"]] for k in timed_rounds])
-        if (
-            len(timed_rounds) == 3
-        ):  # Own work = per round + per draft x drafts + per switch x switches.
+        if len(timed_rounds) == 3:  # Per round + per draft x drafts + per switch x switches.
             terms = np.linalg.lstsq(np.c_[np.ones(3), done], work, rcond=None)[0][1:]
-            per_draft[key], switch[key] = np.maximum(np.median(terms, axis=1), 0.0).tolist()
+            per_draft[key], switch[key] = (max(float(average(t)), 0.0) for t in terms)
         else:  # Rounds of one draft call only: the static loop's work per draft.
             per_draft[key], switch[key] = per_draft["static"], 0.0
         held = work[0] - per_draft[key] * done[0, 0] - switch[key] * done[0, 1]
-        spec_round[key] = max(float(np.median(held)), 0.0)
+        spec_round[key] = max(float(average(held)), 0.0)
         fixed[key] = ms([run[1] for run in seconds["decoder", key]])
     return {
         "target": {w: ms(s) for w, s in sorted(target.items())},
         "draft": {1: ms(later), 2: ms(first)},
         "draft_isolated": {w: ms(seconds["draft", w]) for w in (1, 2)},
-        "round": max(statistics.median(plain), 0.0),
+        "round": max(average(plain), 0.0),
         "per_draft": per_draft,
         "spec_round": spec_round,
         "switch": switch,
