@@ -131,12 +131,14 @@ def test_fixed_round_decoder_runs_exactly_the_rounds_asked_for(pair):
         np.testing.assert_array_equal(out["draft_calls"], 3 * 5)
         np.testing.assert_array_equal(out["sl_histogram"][:, 3], 5)
         np.testing.assert_array_equal(out["lengths"], 4 * 5)
+        np.testing.assert_array_equal(out["width_switches"], 0)  # Always 4 wide.
         out = fixed_round_decoder(target, target, la, max_rounds=5, drafts=(1, 3))(
             None, None, prompts, lengths, 5
         )  # Rounds of 1, 3, 1, 3, 1 drafts.
         np.testing.assert_array_equal(out["draft_calls"], 9)
         np.testing.assert_array_equal(out["sl_histogram"][:, [1, 3]], [[3, 2]] * 4)
         np.testing.assert_array_equal(out["lengths"], 3 * 2 + 2 * 4)
+        np.testing.assert_array_equal(out["width_switches"], 4)  # 2, 4, 2, 4, 2 wide.
     with pytest.raises(ValueError, match=r"drafts must be counts in \[0, sl_max=8\], got \(9,\)"):
         fixed_round_decoder(target, target, Lookahead("oracle", 8), max_rounds=5, drafts=(9,))
 

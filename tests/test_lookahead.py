@@ -69,6 +69,14 @@ def test_every_policy_keeps_greedy_output_exact(pair, sl_max, batch):
         np.testing.assert_array_equal(out.lengths, 24)
         # Every round is counted once in the histogram, at its number of drafts.
         np.testing.assert_array_equal(out.sl_histogram.sum(1), out.target_calls)
+        # A width switch: a round verified at another width than the round before.
+        assert np.all(out.width_switches <= out.target_calls - 1)
+        if policy.kind == "static":
+            np.testing.assert_array_equal(out.width_switches, 0)
+        elif batch == 1:  # Every width used but the first is switched to at least once.
+            widths = verify_widths(policy)
+            used = {min(w for w in widths if w > n) for n in np.nonzero(out.sl_histogram[0])[0]}
+            assert out.width_switches[0] >= len(used) - 1, policy.name
         drafts = (out.sl_histogram * np.arange(sl_max + 1)).sum(1)
         np.testing.assert_array_equal(drafts, out.drafted, err_msg=policy.name)
         assert np.all(out.accepted <= out.drafted)
