@@ -49,9 +49,7 @@ class DecodeResult:
     accepted: np.ndarray  # [B] draft tokens the target kept.
     target_calls: np.ndarray  # [B] target calls made while decoding (the prompt's not counted).
     draft_calls: np.ndarray  # [B] draft calls made while decoding.
-    # [B] rounds the target verified at another width than the round before (a dynamic
-    # policy's verify-width switch; the cost model prices them, `timing.modeled_latency_ms`).
-    width_switches: np.ndarray
+    width_switches: np.ndarray  # [B] rounds verified at another width than the round before.
     sl_histogram: np.ndarray  # [B, sl_max + 1] rounds per number of drafts proposed (0..sl_max).
 
     @property
@@ -187,9 +185,8 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
 
 
 def _verify(target, params, cache, tokens, position, num_drafts, done, spec: _Spec, select):
-    """select(target logits [B, w, V]) for last token + drafts, padded to [B, G + 1, ...], in the
-    narrowest compiled width w holding every active row's drafts (padding is never read); the
-    target's new cache; and w."""
+    """(select(target logits [B, w, V]) for last token + drafts, padded to [B, G + 1, ...], new
+    cache, w) in the narrowest compiled width w holding every active row's drafts."""
     widths = sl.verify_widths(spec.policy)
     full = spec.gamma + 1
 
@@ -305,8 +302,7 @@ def _decode(
     """The whole generation: prefill, rounds until every row is done, output extraction.
 
     With num_rounds, exactly that many rounds instead, for timing (see `fixed_round_decoder`).
-    rng None is key 0, made here rather than by the caller: at batch 1 on small models a key
-    made on the host per call is a separate dispatch costing ~3% of the whole decode."""
+    rng None is key 0, made here: made on the host it would be a dispatch of its own."""
     rng = jax.random.PRNGKey(0) if rng is None else rng
     batch, prompt_len = prompt_tokens.shape
     length = prompt_len + spec.max_new_tokens + spec.gamma + 1  # Room for the last round's writes.
