@@ -385,28 +385,18 @@ def fixed_round_tokens(policy: Lookahead | None, drafts: Sequence[int] = (0,)) -
     return max(d + 1 if d else held for d in drafts)
 
 
-def fixed_round_decoder(target, draft, policy: Lookahead | None, max_rounds: int,
-                        max_new_tokens: int | None = None, vocab_size=None,
-                        drafts: Sequence[int] = (0,)):  # fmt: skip
-    """The greedy decoder (policy None and draft None: plain) for timing a given number of
-    rounds (`timing.decoder_round_timer`): a jitted fn(target_params, draft_params,
-    prompt_tokens, prompt_lengths, num_rounds <= max_rounds, classifier=None) -> {'lengths',
-    'draft_calls', 'width_switches', 'sl_histogram'} per row. No row finishes within
-    max_rounds (no EOS, room for `fixed_round_tokens` per round): every round is whole.
-    Confidence, DISCO and the oracle are held to one draft call per round (a threshold above
-    every confidence, a reference no draft matches: their real runs' compiled program). Caches
-    as long as max_new_tokens' run's.
-
-    drafts (dynamic policies): round r proposes drafts[r % len(drafts)] drafts, each in
-    [1, sl_max] (0: the held rule above). The stopping rule still runs on every draft (its
-    verdict is replaced at run time, so its work is not compiled away): rounds of two sizes
-    price the program's own work per draft, and alternating sizes its verify-width switches.
+def fixed_round_decoder(target, draft, policy: Lookahead | None, room: int, vocab_size=None,
+                        schedule_length: int = 2):  # fmt: skip
+    """The greedy decoder (policy None and draft None: plain) timing rounds: fn(target_params,
+    draft_params, prompt_tokens, prompt_lengths, num_rounds, classifier=None, drafts=(0,)) ->
+    {'lengths', 'draft_calls', 'width_switches', 'sl_histogram'} per row; one program for any
+    num_rounds and drafts. No row finishes (no EOS; num_rounds x `fixed_round_tokens` within
+    room, the caches' room). Confidence, DISCO and the oracle are held to one draft call per
+    round (a threshold above every confidence, a reference no draft matches). drafts (dynamic
+    policies; len dividing schedule_length): round r proposes drafts[r % len] drafts in [1,
+    sl_max] (0: held). Only the stopping rule's verdict is replaced (its work still runs).
     """
-    drafts = tuple(drafts)
     dynamic = policy is not None and policy.kind != "static"
-    if dynamic and (not drafts or not all(0 <= d <= policy.sl_max for d in drafts)):
-        raise ValueError(f"drafts must be counts in [0, sl_max={policy.sl_max}], got {drafts!r}")
-    room = max(max_rounds * fixed_round_tokens(policy, drafts), max_new_tokens or 0)
     gamma = policy.sl_max if policy else 0
     vocab = shared_vocab_size(target, draft, vocab_size)
     spec = _Spec(gamma, policy and policy.static_part, room, SamplingConfig(), None, None, vocab)
@@ -424,9 +414,19 @@ def fixed_round_decoder(target, draft, policy: Lookahead | None, max_rounds: int
         return {k: out[k] for k in ("lengths", "draft_calls", "width_switches", "sl_histogram")}
 
     def run(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
-            classifier=None):  # fmt: skip
+            classifier=None, drafts=(0,)):  # fmt: skip
+        drafts = tuple(drafts)
+        ok = dynamic and schedule_length % len(drafts) == 0 and all(0 <= d <= gamma for d in drafts)
+        if drafts != (0,) and not ok:
+            raise ValueError(
+                f"drafts must be (0,), or counts in [0, sl_max={gamma}] for a dynamic "
+                f"policy, their number dividing {schedule_length}; got {drafts!r}"
+            )
+        if num_rounds * fixed_round_tokens(policy, drafts) > room:
+            raise ValueError(f"{num_rounds} rounds of {drafts} drafts overrun room={room}")
+        schedule = np.resize(np.asarray(drafts, np.int32), schedule_length)  # Tiled.
         return program(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
-                       classifier, np.asarray(drafts, np.int32))  # fmt: skip
+                       classifier, schedule)  # fmt: skip
 
     return run
 

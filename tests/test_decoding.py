@@ -96,51 +96,49 @@ def test_draft_equal_to_target_accepts_every_draft(sampling, dtype):
 
 
 def test_fixed_round_decoder_runs_exactly_the_rounds_asked_for(pair):
-    # The timing calibration of a round (`timing.decoder_round_timer`) needs every round full.
+    # The timing calibration of a round (`timing.decoder_round_timers`) needs every round full.
     target, draft = pair
     prompts, lengths = ragged_prompts(4, 3, target.vocab_size)
     static = Lookahead("static", 3)
-    same = fixed_round_decoder(target, target, static, max_rounds=6)
+    same = fixed_round_decoder(target, target, static, room=24)
     for rounds in (1, 6):  # Every draft accepted: 4 tokens per round, no row done early.
         out = same(None, None, prompts, lengths, rounds)
         np.testing.assert_array_equal(out["lengths"], 4 * rounds)
         np.testing.assert_array_equal(out["draft_calls"], 3 * rounds)
+    with pytest.raises(ValueError, match=r"7 rounds of \(0,\) drafts overrun room=24"):
+        same(None, None, prompts, lengths, 7)
     # A draft that is sometimes wrong: 1 to 4 tokens per round, still exactly 6 rounds.
-    other = fixed_round_decoder(target, draft, static, max_rounds=6)(
-        None, None, prompts, lengths, 6
-    )
+    other = fixed_round_decoder(target, draft, static, room=24)(None, None, prompts, lengths, 6)
     assert (other["lengths"] >= 6).all() and (other["lengths"] <= 24).all()
     assert (other["lengths"] < 24).any()
     np.testing.assert_array_equal(other["sl_histogram"][:, 3], 6)
-    # Confidence and oracle rounds are held to one draft call, even with a draft that is always
-    # right (the oracle's then proposes none: its reference matches no draft).
-    for kind, proposed in (("confidence", 1), ("oracle", 0)):
-        out = fixed_round_decoder(target, target, Lookahead(kind, 8), max_rounds=5)(
-            None, None, prompts, lengths, 5
-        )
-        np.testing.assert_array_equal(out["draft_calls"], 5)
-        np.testing.assert_array_equal(out["sl_histogram"][:, proposed], 5)
-        np.testing.assert_array_equal(out["lengths"], 5 * (proposed + 1))
-    # drafts=: dynamic rounds propose exactly the scheduled counts (the rule's verdict replaced),
-    # every round the same or cycling through the schedule.
     for kind in ("confidence", "oracle", "heuristic"):
-        la = Lookahead(kind, 8)
-        out = fixed_round_decoder(target, target, la, max_rounds=5, drafts=(3,))(
-            None, None, prompts, lengths, 5
-        )
+        run = fixed_round_decoder(target, target, Lookahead(kind, 8), room=20)  # One program.
+        if kind != "heuristic":
+            # Confidence and oracle rounds are held to one draft call, even with a draft that is
+            # always right (the oracle's then proposes none: its reference matches no draft).
+            proposed = 1 if kind == "confidence" else 0
+            out = run(None, None, prompts, lengths, 5)
+            np.testing.assert_array_equal(out["draft_calls"], 5)
+            np.testing.assert_array_equal(out["sl_histogram"][:, proposed], 5)
+            np.testing.assert_array_equal(out["lengths"], 5 * (proposed + 1))
+        # drafts=: dynamic rounds propose exactly the scheduled counts (the rule's verdict
+        # replaced), every round the same or cycling through the schedule.
+        out = run(None, None, prompts, lengths, 5, drafts=(3,))
         np.testing.assert_array_equal(out["draft_calls"], 3 * 5)
         np.testing.assert_array_equal(out["sl_histogram"][:, 3], 5)
         np.testing.assert_array_equal(out["lengths"], 4 * 5)
         np.testing.assert_array_equal(out["width_switches"], 0)  # Always 4 wide.
-        out = fixed_round_decoder(target, target, la, max_rounds=5, drafts=(1, 3))(
-            None, None, prompts, lengths, 5
-        )  # Rounds of 1, 3, 1, 3, 1 drafts.
+        out = run(None, None, prompts, lengths, 5, drafts=(1, 3))  # Rounds of 1, 3, 1, 3, 1.
         np.testing.assert_array_equal(out["draft_calls"], 9)
         np.testing.assert_array_equal(out["sl_histogram"][:, [1, 3]], [[3, 2]] * 4)
         np.testing.assert_array_equal(out["lengths"], 3 * 2 + 2 * 4)
         np.testing.assert_array_equal(out["width_switches"], 4)  # 2, 4, 2, 4, 2 wide.
-    with pytest.raises(ValueError, match=r"drafts must be counts in \[0, sl_max=8\], got \(9,\)"):
-        fixed_round_decoder(target, target, Lookahead("oracle", 8), max_rounds=5, drafts=(9,))
+        for bad in ((9,), (1, 2, 3)):  # Past sl_max; a schedule not dividing the program's 2.
+            with pytest.raises(ValueError, match=r"counts in \[0, sl_max=8\].*dividing 2"):
+                run(None, None, prompts, lengths, 1, drafts=bad)
+    with pytest.raises(ValueError, match=r"got \(2,\)"):  # Schedules are for dynamic rules.
+        same(None, None, prompts, lengths, 1, drafts=(2,))
 
 
 def test_eos_and_max_length_per_row():

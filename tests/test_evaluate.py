@@ -410,6 +410,25 @@ def test_evaluate_run_rejects_a_bad_dtype_before_loading(tmp_path):
                  dtype="f16")  # fmt: skip
 
 
+def test_call_cost_timers_decode_over_the_vocabulary_differently_padded_models_share():
+    from distillspec.lookahead import Lookahead
+
+    target, params = tiny_lm(32)
+    draft, draft_params = tiny_lm(36)  # The same tokenizer, an embedding padded further.
+    prompt = (np.ones((1, 4), np.int32), np.array([4], np.int32))
+    policies = [Lookahead("confidence", 2)]
+    call = lambda **kw: timing.call_cost_timers(
+        target, params, draft, draft_params, prompt, policies, max_new_tokens=6, **kw
+    )
+    with pytest.raises(ValueError, match="vocab_size=<the tokenizer's size>"):
+        call()
+    timers, calls, gamma = call(vocab_size=32)
+    # One compiled program per dynamic policy, timed held, in rounds of 2, and of 1 and 2.
+    assert gamma == 2 and {"confidence-2", "confidence-2/2", "confidence-2/1,2"} <= set(calls)
+    assert [calls[k]["switches"] for k in ("confidence-2/2", "confidence-2/1,2")] == [0, 1]
+    assert np.isfinite(np.hstack([t() for t in timers.values()])).all()  # Every timer runs.
+
+
 def test_call_costs_price_the_draft_in_the_loops_context_and_every_policys_own_loop():
     from distillspec.lookahead import Lookahead
 

@@ -24,7 +24,7 @@ the call timers below interleaved (one of each per repeat), one record per (dtyp
                       at width 1, at gamma + 1, draft in context, draft alone;
   loop_ms, spec_loop_ms   the loop's own work outside the model calls per plain step / per
                       speculative round of gamma drafts (`timing.call_costs`: rounds of the
-                      decoder itself, `timing.decoder_round_timer`, at 1 and gamma drafts,
+                      decoder itself, `timing.decoder_round_timers`, at 1 and gamma drafts,
                       minus their model calls, the target's `step_timer` / `timing.round_timer`);
   plain_fixed_ms, spec_fixed_ms   a run's cost outside its rounds (prefill, dispatch, output),
                       from the same decoder timers;

@@ -76,7 +76,7 @@ def tune_policies(
         grid[label] = lookahead.Lookahead(kind, sl_max, threshold=threshold, keep_last=keep_last)
     cost_timers = call_cost_timers(
         target, target_params, draft, draft_params, prompts[0], grid.values(),
-        classifier=classifier, max_new_tokens=max_new_tokens,
+        classifier=classifier, max_new_tokens=max_new_tokens, vocab_size=vocab_size,
     )  # fmt: skip
     measured, costs = measure_policies(
         target, target_params, draft, draft_params, prompts, grid, classifier=classifier,

@@ -302,7 +302,7 @@ def evaluate_policies(
             first = single_prompts(next(iter(sets.values())))[0]
             cost_timers = call_cost_timers(
                 target, target_params, draft, draft_params, first, lookaheads.values(),
-                classifier=classifier, max_new_tokens=max_new_tokens,
+                classifier=classifier, max_new_tokens=max_new_tokens, vocab_size=vocab_size,
             )  # fmt: skip
         for (task, split), batches in sets.items():
             measured, _ = measure_policies(

@@ -11,9 +11,10 @@ are on the host before the clock is read (the decoders return host arrays), and 
   round_timer         seconds per speculative round's model calls (gamma draft steps, then the
                       target scoring gamma + 1 positions) inside a jitted loop alternating them,
                       so the draft runs with the target's weights passing through the caches.
-  decoder_round_timer seconds per round of the decoder itself (greedy, any policy's program):
-                      its model calls and its own work (selection, acceptance, bookkeeping,
-                      a dynamic draft loop's stops, the verify-width switch).
+  decoder_round_timers seconds per round of the decoder itself (greedy, any policy's program,
+                      one compile for its rounds of every size): its model calls and its own
+                      work (selection, acceptance, bookkeeping, a dynamic draft loop's stops,
+                      the verify-width switch).
   call_cost_timers    all the timers the cost model needs for a set of policies; run them
   call_costs          interleaved (`interleaved`) and these are the costs in ms:
   measure_call_costs  ms per target call by width, per draft call (in the loop's context and
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import math
 import statistics
 import sys
 import time
@@ -237,41 +239,48 @@ def _verify_width(policy: sl.Lookahead | None, drafts: int) -> int:
     return min(w for w in widths if w >= drafts + 1)
 
 
-def decoder_round_timer(target, target_params, draft, draft_params, prompts, lengths,
-                        policy: sl.Lookahead | None, max_new_tokens: int | None = None,
-                        classifier=None, drafts: Sequence[int] = (0,)):  # fmt: skip
+def decoder_round_timers(target, target_params, draft, draft_params, prompts, lengths,
+                         policy: sl.Lookahead | None, max_new_tokens: int | None = None,
+                         classifier=None, schedules: Sequence[tuple[int, ...]] = ((0,),),
+                         vocab_size: int | None = None):  # fmt: skip
     """The decoder's own loop (`decoding.fixed_round_decoder`, greedy; policy None and draft
-    None: plain; drafts: a dynamic policy's schedule of round sizes) as a zero-argument timer
-    of (seconds per round, seconds per run outside its rounds: prefill, dispatch, output),
-    compiled before it is returned; and what one round does: {'draft_calls': draft calls,
-    'verify': {width: target calls}, 'switches': verify-width switches} (the busiest row's).
+    None: plain), one compiled program, timed per schedule of round sizes (a dynamic policy's;
+    (0,): its rounds held to one draft call). Per schedule: a zero-argument timer of (seconds
+    per round, seconds per run outside its rounds: prefill, dispatch, output), compiled before
+    it is returned; and what one round does: {'draft_calls': draft calls, 'verify': {width:
+    target calls}, 'switches': verify-width switches} (the busiest row's). The caches are as
+    long as a run of max_new_tokens has (every schedule's rounds within them).
 
     Minus its rounds' model calls (a `round_timer`, a target `step_timer` per width), the first
     leaves the loop's own work per round: what a round spends outside its model calls."""
-    rounds = rounds_within(max_new_tokens, fixed_round_tokens(policy, drafts))
-    run = fixed_round_decoder(target, draft, policy, rounds, max_new_tokens, drafts=drafts)
-    counts = [jax.device_get(run(target_params, draft_params, prompts, lengths, n, classifier))
-              for n in (rounds, 1)]  # fmt: skip
-    row = int(np.argmax(counts[0]["draft_calls"]))
-    per_round = lambda name: (counts[0][name][row] - counts[1][name][row]) / (rounds - 1)
-    verify = {}
-    if policy is not None:
-        for drafts, share in enumerate(per_round("sl_histogram")):
-            if share:
-                width = _verify_width(policy, drafts)
-                verify[width] = verify.get(width, 0.0) + float(share)
-    calls = {"draft_calls": float(per_round("draft_calls")), "verify": verify or {1: 1.0},
-             "switches": float(per_round("width_switches"))}  # fmt: skip
-    timer = _linear_timer(
-        lambda n: run(target_params, draft_params, prompts, lengths, n, classifier)["lengths"],
-        rounds,
-    )
-    return timer, calls
+    rounds = [rounds_within(max_new_tokens, fixed_round_tokens(policy, s)) for s in schedules]
+    room = max([max_new_tokens or 0] + [n * fixed_round_tokens(policy, s)
+                                        for n, s in zip(rounds, schedules)])  # fmt: skip
+    run = fixed_round_decoder(target, draft, policy, room, vocab_size,
+                              math.lcm(*(len(s) for s in schedules)))  # fmt: skip
+
+    def timed(n, drafts):
+        call = functools.partial(run, target_params, draft_params, prompts, lengths,
+                                 classifier=classifier, drafts=drafts)  # fmt: skip
+        counts = [jax.device_get(call(k)) for k in (n, 1)]
+        row = int(np.argmax(counts[0]["draft_calls"]))
+        per_round = lambda name: (counts[0][name][row] - counts[1][name][row]) / (n - 1)
+        verify = {}
+        if policy is not None:
+            for proposed, share in enumerate(per_round("sl_histogram")):
+                if share:
+                    width = _verify_width(policy, proposed)
+                    verify[width] = verify.get(width, 0.0) + float(share)
+        calls = {"draft_calls": float(per_round("draft_calls")), "verify": verify or {1: 1.0},
+                 "switches": float(per_round("width_switches"))}  # fmt: skip
+        return _linear_timer(lambda k: call(k)["lengths"], n), calls
+
+    return [timed(n, drafts) for n, drafts in zip(rounds, schedules)]
 
 
 def call_cost_timers(
     target, target_params, draft, draft_params, prompt, policies: Iterable[sl.Lookahead], *,
-    classifier=None, max_new_tokens: int | None = None,
+    classifier=None, max_new_tokens: int | None = None, vocab_size: int | None = None,
 ) -> tuple[dict[tuple, Callable[[], Any]], dict[str, dict], int]:  # fmt: skip
     """The timers behind the cost model of these policies, to be run interleaved.
 
@@ -279,12 +288,13 @@ def call_cost_timers(
       ({name: zero-argument timer}, {program: its round's calls}, gamma): ('target', w) a
       target call scoring w positions for every verify width; ('draft', 1|2) a draft call alone;
       ('round', 1|gamma) a static round's model calls (`round_timer`); ('decoder', program) the
-      decoder's own rounds (`decoder_round_timer`) of 'plain', 'static-1', 'static-<gamma>' and
+      decoder's own rounds (`decoder_round_timers`) of 'plain', 'static-1', 'static-<gamma>' and
       each dynamic policy's program (`program_key`), and when m = min(gamma, sl_max) > 1 that
       program's rounds of m drafts ('<program>/<m>') and of 1 and m drafts in turn
       ('<program>/1,<m>'): with its rounds of one draft call they price its own work per round,
       per draft and per verify-width switch. gamma is the widest verify width - 1, at most 8:
       an oracle's SL_max of 64 would time rounds no typical round pays.
+    vocab_size: the vocabulary both decode over, as in `decoding.speculative_generate`.
     """
     tokens, lengths = prompt
     policies = list(policies)
@@ -301,22 +311,24 @@ def call_cost_timers(
     for g in sorted({1, gamma}):
         timers["round", g] = round_timer(target, target_params, draft, draft_params, tokens,
                                          lengths, g, rounds_within(n, g + 1), n)  # fmt: skip
-    programs = {"plain": (None, (0,)), "static-1": (sl.Lookahead("static", 1), (0,))}
-    programs[f"static-{gamma}"] = (sl.Lookahead("static", gamma), (0,))
+    programs = {"plain": (None, [(0,)]), "static-1": (sl.Lookahead("static", 1), [(0,)])}
+    programs[f"static-{gamma}"] = (sl.Lookahead("static", gamma), [(0,)])
     for policy in policies:
-        key, m = program_key(policy), min(gamma, policy.sl_max)
         if policy.kind != "static":
-            programs[key] = (policy.static_part, (0,))
-            if m > 1:
-                programs[f"{key}/{m}"] = (policy.static_part, (m,))
-                programs[f"{key}/1,{m}"] = (policy.static_part, (1, m))
+            m = min(gamma, policy.sl_max)
+            sized = [(m,), (1, m)] if m > 1 else []
+            programs[program_key(policy)] = (policy.static_part, [(0,), *sized])
     calls = {}
-    for key, (policy, drafts) in programs.items():
+    for key, (policy, schedules) in programs.items():
         models = (draft, draft_params) if policy is not None else (None, None)
-        timers["decoder", key], calls[key] = decoder_round_timer(
+        timed = decoder_round_timers(
             target, target_params, *models, tokens, lengths, policy, n,
-            classifier if policy is not None and policy.kind == "disco" else None, drafts,
+            classifier if policy is not None and policy.kind == "disco" else None, schedules,
+            vocab_size,
         )  # fmt: skip
+        for drafts, (timer, round_calls) in zip(schedules, timed):
+            name = key if drafts == (0,) else f"{key}/{','.join(map(str, drafts))}"
+            timers["decoder", name], calls[name] = timer, round_calls
     return timers, calls, gamma
 
 
