@@ -387,6 +387,14 @@ def test_modeled_latency_by_hand():
     # Static SL-5: every round verifies 6 positions; 2 rounds, 10 draft calls, 8 tokens.
     static = timing.modeled_latency_ms(Lookahead("static", 5), [0] * 5 + [2], 10, 8, costs)
     assert static == pytest.approx((3.0 + 2 * (3.5 + 0.5) + 2 * 0.2 + 8 * 0.1 + 10 * 0.01) / 8)
+    # A static program timed whole prices its rounds at its timed round; others as above.
+    timed = {**costs, "static_round": {5: 7.0, 2: 1.0}}
+    static = timing.modeled_latency_ms(Lookahead("static", 5), [0] * 5 + [2], 10, 8, timed)
+    assert static == pytest.approx((3.0 + 2 * 7.0) / 8)
+    assert timing.modeled_latency_ms(Lookahead("static", 5), [0] * 5 + [2], 10, 8, costs) == (
+        timing.modeled_latency_ms(Lookahead("static", 5), [0] * 5 + [2], 10, 8,
+                                  {**costs, "static_round": {2: 1.0}})
+    )  # fmt: skip
     # DISCO rounds of 0, 1 and 3 drafts use widths 1, 2 and 4 (verify_widths of SL_max 5), and
     # its own program's per-round, per-draft and per-switch work and fixed part; two runs pay
     # the fixed part twice.
@@ -452,7 +460,13 @@ def test_call_costs_price_the_draft_in_the_loops_context_and_every_policys_own_l
     # bring to the floor of 0 for one program, but not for all.
     fixed = [costs["fixed"][p] for p in ["plain", *programs]]
     assert min(fixed) >= 0 and sum(fixed) > 0
-    # The cost model prices a static-3 run with them.
+    # The static-3 program is timed whole (with static-1 and -gamma); a run of it is priced
+    # at its rounds as timed; without that timing, from its calls and the loop's own work.
+    assert sorted(costs["static_round"]) == [1, 3, 4]
+    assert all(v > 0 for v in costs["static_round"].values())
+    modeled = timing.modeled_latency_ms(policies[0], [0, 0, 0, 2], 6, 8, costs)
+    assert modeled == pytest.approx((costs["fixed"]["static"] + 2 * costs["static_round"][3]) / 8)
+    costs = {**costs, "static_round": {}}
     modeled = timing.modeled_latency_ms(policies[0], [0, 0, 0, 2], 6, 8, costs)
     expected = (
         costs["fixed"]["static"]
@@ -499,6 +513,7 @@ def test_call_costs_from_interleaved_seconds_by_hand():
     assert costs["spec_round"] == pytest.approx({"static": 300.0, "disco-8": 650.0})
     assert costs["switch"] == pytest.approx({"static": 0.0, "disco-8": 400.0})
     assert costs["fixed"] == pytest.approx({"plain": 7e3, "static": 8.5e3, "disco-8": 9e3})
+    assert costs["static_round"] == pytest.approx({1: 2.1e3, 4: 4.5e3})  # Timed whole.
     # Means instead (for totals over prompts): the slow repeat counts, a third of the time.
     means = timing.call_costs(seconds, calls, gamma, statistics.mean)
     assert means["target"][1] == pytest.approx(4e3 / 3)

@@ -161,16 +161,22 @@ def _per_call_timer(run: Callable[[int], jax.Array], calls: int) -> Callable[[],
 
 def _linear_timer(run: Callable[[int], jax.Array], calls: int) -> Callable[[], tuple[float, float]]:
     """`_per_call_timer` that also gives what cancelled out: (seconds per call, seconds of a run
-    outside its calls: prefill, dispatch, output), >= 0. Compiles first."""
+    outside its calls: prefill, dispatch, output), >= 0. Compiles first.
+
+    A run started after other programs pays a cold start (on a 2-core CPU ~0.3 ms for the
+    quickstart pair: weights and caches out of the CPU's caches), as each run of an interleaved
+    evaluation does. So a short run is timed first, cold, for the run's outside part; per call is
+    the difference of a long and a short run timed after it, warm (a cold long run would put the
+    cold start into every call: 6% too much per round of 8 drafts, timed over 7 rounds)."""
 
     def timer() -> tuple[float, float]:
         times = []
-        for n in (calls, 1):
+        for n in (1, calls, 1):
             start = time.perf_counter()
             run(n).block_until_ready()
             times.append(time.perf_counter() - start)
-        per_call = (times[0] - times[1]) / (calls - 1)
-        return per_call, max(times[1] - per_call, 0.0)
+        per_call = (times[1] - times[2]) / (calls - 1)
+        return per_call, max(times[0] - per_call, 0.0)
 
     timer()  # Compiles.
     return timer
@@ -288,12 +294,12 @@ def call_cost_timers(
       ({name: zero-argument timer}, {program: its round's calls}, gamma): ('target', w) a
       target call scoring w positions for every verify width; ('draft', 1|2) a draft call alone;
       ('round', 1|gamma) a static round's model calls (`round_timer`); ('decoder', program) the
-      decoder's own rounds (`decoder_round_timers`) of 'plain', 'static-1', 'static-<gamma>' and
-      each dynamic policy's program (`program_key`), and when m = min(gamma, sl_max) > 1 that
-      program's rounds of m drafts ('<program>/<m>') and of 1 and m drafts in turn
-      ('<program>/1,<m>'): with its rounds of one draft call they price its own work per round,
-      per draft and per verify-width switch. gamma is the widest verify width - 1, at most 8:
-      an oracle's SL_max of 64 would time rounds no typical round pays.
+      decoder's own rounds (`decoder_round_timers`) of 'plain', 'static-<k>' for k = 1, gamma
+      and every static policy's, each dynamic policy's program (`program_key`), and when
+      m = min(gamma, sl_max) > 1 that program's rounds of m drafts ('<program>/<m>') and of 1
+      and m drafts in turn ('<program>/1,<m>'): with its rounds of one draft call they price
+      its own work per round, per draft and per verify-width switch. gamma is the widest verify
+      width - 1, at most 8: an oracle's SL_max of 64 would time rounds no typical round pays.
     vocab_size: the vocabulary both decode over, as in `decoding.speculative_generate`.
     """
     tokens, lengths = prompt
@@ -311,8 +317,9 @@ def call_cost_timers(
     for g in sorted({1, gamma}):
         timers["round", g] = round_timer(target, target_params, draft, draft_params, tokens,
                                          lengths, g, rounds_within(n, g + 1), n)  # fmt: skip
-    programs = {"plain": (None, [(0,)]), "static-1": (sl.Lookahead("static", 1), [(0,)])}
-    programs[f"static-{gamma}"] = (sl.Lookahead("static", gamma), [(0,)])
+    programs = {"plain": (None, [(0,)])}
+    for k in sorted({1, gamma} | {p.sl_max for p in policies if p.kind == "static"}):
+        programs[f"static-{k}"] = (sl.Lookahead("static", k), [(0,)])
     for policy in policies:
         if policy.kind != "static":
             m = min(gamma, policy.sl_max)
@@ -358,9 +365,10 @@ def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict]
        step, 'per_draft': {program: its own work per draft call}, 'spec_round': {program: its
        own work per round besides per_draft}, 'switch': {program: its own work per switch of
        verify width (the lax.switch running another branch than the round before: measured
-       ~10% of a small target call on a 2-core CPU)}, 'fixed': {program: a run's cost outside
-       its rounds (prefill, dispatch, output)}}, programs as in `program_key` ('static': every
-       SL-k).
+       ~10% of a small target call on a 2-core CPU)}, 'static_round': {k: a round of the
+       static SL-k program as timed, model calls and own work together}, 'fixed': {program: a
+       run's cost outside its rounds (prefill, dispatch, output)}}, programs as in
+       `program_key` ('static': every SL-k).
     The static loop's per-draft and per-round work come from its rounds of 1 and of gamma
     drafts. A dynamic program's come from its own rounds (of one draft call, of m drafts, of
     1 and m in turn), each minus its model calls priced at these costs, fitted as per round +
@@ -396,8 +404,9 @@ def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict]
     switch = {"static": 0.0}
     fixed = {"plain": ms([run[1] for run in seconds["decoder", "plain"]]),
              "static": ms([run[1] for run in seconds["decoder", f"static-{gamma}"]])}  # fmt: skip
-    static_keys = ("plain", "static-1", f"static-{gamma}")
-    for key in [k for k in calls if k not in static_keys and "/" not in k]:
+    static_round = {int(k[7:]): ms([run[0] for run in seconds["decoder", k]])
+                    for k in calls if k.startswith("static-")}  # fmt: skip
+    for key in [k for k in calls if k != "plain" and "/" not in k and k[:7] != "static-"]:
         timed_rounds = [key] + [k for k in calls if k.startswith(key + "/")]
         work = np.array([own_work(k, round_calls(k)) for k in timed_rounds])  # [rounds, repeats]
         done = np.array([[calls[k]["draft_calls"], calls[k]["switches"]] for k in timed_rounds])
@@ -417,6 +426,7 @@ def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict]
         "per_draft": per_draft,
         "spec_round": spec_round,
         "switch": switch,
+        "static_round": static_round,
         "fixed": fixed,
     }
 
@@ -455,11 +465,15 @@ def modeled_latency_ms(
     (`measure_call_costs`); switches: their rounds verified at another width than the round
     before (DecodeResult.width_switches).
 
-    Each round costs the target call at the width the decoder used (`verify_widths`) plus its
-    program's own work per round ('spec_round'; a plain step's: 'round'); each draft call costs
-    a draft step (the first of a round scores 2 positions) plus the loop's own work per draft
-    ('per_draft' of its program); each width switch its program's 'switch'; each run costs
-    its program's fixed part ('fixed': prefill, dispatch).
+    A static SL-k run whose program was timed (`call_cost_timers` times every static policy's)
+    costs its rounds at that program's timed round ('static_round') plus the fixed part: priced
+    from the target's calls timed apart, rounds of 3 to 8 drafts came out 10-20% dearer than
+    the decoder's own on the quickstart pair (the same calls, compiled in another program).
+    Otherwise each round costs the target call at the width the decoder used (`verify_widths`)
+    plus its program's own work per round ('spec_round'; a plain step's: 'round'); each draft
+    call costs a draft step (the first of a round scores 2 positions) plus the loop's own work
+    per draft ('per_draft' of its program); each width switch its program's 'switch'; each run
+    costs its program's fixed part ('fixed': prefill, dispatch).
     Deterministic for greedy decoding, so it ranks policies without the timing noise of a
     shared machine; the measured latency is reported beside it.
     """
@@ -471,6 +485,9 @@ def modeled_latency_ms(
         )
     loop = costs["spec_round"][key] if policy else costs["round"]
     total = runs * costs["fixed"][key]
+    timed_round = costs.get("static_round", {}).get(policy.sl_max) if key == "static" else None
+    if timed_round is not None:
+        return (total + int(np.sum(sl_histogram)) * timed_round) / max(tokens, 1)
     for drafts, rounds in enumerate(sl_histogram):
         if rounds:
             total += rounds * (costs["target"][_verify_width(policy, drafts)] + loop)
