@@ -424,7 +424,7 @@ def test_call_cost_timers_decode_over_the_vocabulary_differently_padded_models_s
     target, params = tiny_lm(32)
     draft, draft_params = tiny_lm(36)  # The same tokenizer, an embedding padded further.
     prompt = (np.ones((1, 4), np.int32), np.array([4], np.int32))
-    policies = [Lookahead("confidence", 2)]
+    policies = [Lookahead("confidence", 2), Lookahead("heuristic", 2, start=2)]
     call = lambda **kw: timing.call_cost_timers(
         target, params, draft, draft_params, prompt, policies, max_new_tokens=6, **kw
     )
@@ -434,6 +434,12 @@ def test_call_cost_timers_decode_over_the_vocabulary_differently_padded_models_s
     # One compiled program per dynamic policy, timed held, in rounds of 2, and of 1 and 2.
     assert gamma == 2 and {"confidence-2", "confidence-2/2", "confidence-2/1,2"} <= set(calls)
     assert [calls[k]["switches"] for k in ("confidence-2/2", "confidence-2/1,2")] == [0, 1]
+    # Each dynamic program's base rounds are forced to one draft, not left to its rule: the
+    # heuristic's own rounds would draft and switch as its 1,2 rounds do (a singular fit).
+    for kind in ("confidence", "heuristic"):
+        rows = [[calls[k]["draft_calls"], calls[k]["switches"]]
+                for k in (f"{kind}-2", f"{kind}-2/2", f"{kind}-2/1,2")]  # fmt: skip
+        assert rows[0] == [1, 0] and np.linalg.matrix_rank(np.c_[np.ones(3), rows]) == 3
     assert np.isfinite(np.hstack([t() for t in timers.values()])).all()  # Every timer runs.
 
 

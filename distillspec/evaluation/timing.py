@@ -297,9 +297,11 @@ def call_cost_timers(
       decoder's own rounds (`decoder_round_timers`) of 'plain', 'static-<k>' for k = 1, gamma
       and every static policy's, each dynamic policy's program (`program_key`), and when
       m = min(gamma, sl_max) > 1 that program's rounds of m drafts ('<program>/<m>') and of 1
-      and m drafts in turn ('<program>/1,<m>'): with its rounds of one draft call they price
-      its own work per round, per draft and per verify-width switch. gamma is the widest verify
-      width - 1, at most 8: an oracle's SL_max of 64 would time rounds no typical round pays.
+      and m drafts in turn ('<program>/1,<m>'): with its rounds forced to one draft ('<program>';
+      not its rule's own rounds: the heuristic's would draft and switch as the 1,m rounds do,
+      leaving the fit singular) they price its own work per round, per draft and per switch.
+      gamma is the widest verify width - 1, at most 8: an oracle's SL_max of 64 would time
+      rounds no typical round pays.
     vocab_size: the vocabulary both decode over, as in `decoding.speculative_generate`.
     """
     tokens, lengths = prompt
@@ -324,7 +326,7 @@ def call_cost_timers(
         if policy.kind != "static":
             m = min(gamma, policy.sl_max)
             sized = [(m,), (1, m)] if m > 1 else []
-            programs[program_key(policy)] = (policy.static_part, [(0,), *sized])
+            programs[program_key(policy)] = (policy.static_part, [(1,), *sized])
     calls = {}
     for key, (policy, schedules) in programs.items():
         models = (draft, draft_params) if policy is not None else (None, None)
@@ -334,7 +336,7 @@ def call_cost_timers(
             vocab_size,
         )  # fmt: skip
         for drafts, (timer, round_calls) in zip(schedules, timed):
-            name = key if drafts == (0,) else f"{key}/{','.join(map(str, drafts))}"
+            name = key if drafts in ((0,), (1,)) else f"{key}/{','.join(map(str, drafts))}"
             timers["decoder", name], calls[name] = timer, round_calls
     return timers, calls, gamma
 
