@@ -250,12 +250,13 @@ def decoder_round_timers(target, target_params, draft, draft_params, prompts, le
                          classifier=None, schedules: Sequence[tuple[int, ...]] = ((0,),),
                          vocab_size: int | None = None):  # fmt: skip
     """The decoder's own loop (`decoding.fixed_round_decoder`, greedy; policy None and draft
-    None: plain), one compiled program, timed per schedule of round sizes (a dynamic policy's;
-    (0,): its rounds held to one draft call). Per schedule: a zero-argument timer of (seconds
-    per round, seconds per run outside its rounds: prefill, dispatch, output), compiled before
-    it is returned; and what one round does: {'draft_calls': draft calls, 'verify': {width:
-    target calls}, 'switches': verify-width switches} (the busiest row's). The caches are as
-    long as a run of max_new_tokens has (every schedule's rounds within them).
+    None: plain), one compiled program, timed per schedule of round sizes (a dynamic policy's,
+    `fixed_round_decoder`'s drafts; (0,): its own rule, held). Per schedule: a zero-argument
+    timer of (seconds per round, seconds per run outside its rounds: prefill, dispatch,
+    output), compiled before it is returned; and what one round does: {'draft_calls': draft
+    calls, 'verify': {width: target calls}, 'switches': verify-width switches} (the busiest
+    row's). The caches are as long as a run of max_new_tokens has (every schedule's rounds
+    within them).
 
     Minus its rounds' model calls (a `round_timer`, a target `step_timer` per width), the first
     leaves the loop's own work per round: what a round spends outside its model calls."""
