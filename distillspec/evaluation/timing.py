@@ -409,7 +409,7 @@ def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict]
              "static": ms([run[1] for run in seconds["decoder", f"static-{gamma}"]])}  # fmt: skip
     static_round = {int(k[7:]): ms([run[0] for run in seconds["decoder", k]])
                     for k in calls if k.startswith("static-")}  # fmt: skip
-    for key in [k for k in calls if k != "plain" and "/" not in k and k[:7] != "static-"]:
+    for key in [k for k in calls if k != "plain" and "/" not in k and not k.startswith("static-")]:
         timed_rounds = [key] + [k for k in calls if k.startswith(key + "/")]
         work = np.array([own_work(k, round_calls(k)) for k in timed_rounds])  # [rounds, repeats]
         done = np.array([[calls[k]["draft_calls"], calls[k]["switches"]] for k in timed_rounds])
