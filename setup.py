@@ -33,6 +33,14 @@ setup(
     extras_require={
         # torch is pinned so that pip takes the CPU build that lies on the machine's disk;
         # an unpinned torch pulls a multi-GB CUDA build.
-        "test": ["pytest", "scipy", "transformers", "torch==2.13.0", "ruff"],
+        "test": [
+            "pytest",
+            "pytest-xdist",
+            "filelock",
+            "scipy",
+            "transformers",
+            "torch==2.13.0",
+            "ruff",
+        ],
     },
 )

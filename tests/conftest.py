@@ -1,6 +1,35 @@
-"""Test-wide JAX settings."""
+"""Test-wide settings: a shared XLA compilation cache, a private model cache, JAX's flags.
 
-import jax
+The suite runs in two pytest-xdist workers (pyproject.toml: `-n 2 --dist loadfile`, so a
+module's fixtures are built once, in one worker). This file is imported first by the controller
+process, then by each worker, which inherits the controller's environment.
+"""
+
+import atexit
+import os
+import shutil
+import tempfile
+
+if "PYTEST_XDIST_WORKER" not in os.environ:  # The controller, or a run without workers.
+    # One persistent compilation cache for the whole run, shared by the workers and by the
+    # subprocesses tests start (they inherit the environment): many tests compile the same
+    # programs again (the decoders' timing programs for every policy, reruns of a run function,
+    # the same tiny models in several modules), and XLA's compile dominates the suite's time on
+    # a 2-core CPU. A size limit turns on JAX's file lock, so concurrent writers and readers of
+    # one entry are safe. New for every run and removed at its end: no result depends on an
+    # earlier run, and the same goes for the model and vocabulary cache ($DISTILLSPEC_CACHE),
+    # which also keeps the tests out of the user's ~/.cache/distillspec.
+    _RUN_DIR = tempfile.mkdtemp(prefix="distillspec-tests-")
+    atexit.register(shutil.rmtree, _RUN_DIR, ignore_errors=True)
+    os.environ.update(
+        JAX_COMPILATION_CACHE_DIR=os.path.join(_RUN_DIR, "xla"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        JAX_COMPILATION_CACHE_MAX_SIZE=str(16 << 30),
+        DISTILLSPEC_CACHE=os.path.join(_RUN_DIR, "distillspec"),
+    )
+
+import jax  # noqa: E402  (reads the settings above)
 
 # The suite compiles many small programs; XLA's optimisation passes cost more than they save
 # there (compile time roughly halves). Numerics stay float32.
