@@ -62,3 +62,20 @@ def check_prompt(prompt_tokens, prompt_lengths, num_ids: int) -> tuple[jax.Array
                 f"the models' embeddings [0, {num_ids}): the tokenizer does not match the models"
             )
     return prompt_tokens, prompt_lengths
+
+
+def shared_vocab_size(target, draft, vocab_size: int | None) -> int:
+    """The vocabulary both models decode over; raises ValueError when they cannot share one."""
+    sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
+    if vocab_size is None:
+        if len(set(sizes)) > 1:
+            raise ValueError(
+                f"draft vocabulary ({draft.vocab_size}) and target vocabulary "
+                f"({target.vocab_size}) differ. If they share a tokenizer and only pad the "
+                "embedding to different sizes, pass vocab_size=<the tokenizer's size>, at most "
+                f"{min(sizes)}; ids from vocab_size up are then never drafted or emitted."
+            )
+        return sizes[0]
+    if not 1 <= vocab_size <= min(sizes):
+        raise ValueError(f"vocab_size must be in [1, {min(sizes)}], got {vocab_size!r}")
+    return vocab_size

@@ -398,7 +398,7 @@ def fixed_round_decoder(target, draft, policy: Lookahead | None, room: int, voca
     """
     dynamic = policy is not None and policy.kind != "static"
     gamma = policy.sl_max if policy else 0
-    vocab = shared_vocab_size(target, draft, vocab_size)
+    vocab = checks.shared_vocab_size(target, draft, vocab_size)
     spec = _Spec(gamma, policy and policy.static_part, room, SamplingConfig(), None, None, vocab)
 
     @jax.jit
@@ -431,29 +431,9 @@ def fixed_round_decoder(target, draft, policy: Lookahead | None, room: int, voca
     return run
 
 
-def shared_vocab_size(target, draft, vocab_size: int | None) -> int:
-    """The vocabulary both models decode over; raises ValueError when they cannot share one."""
-    sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
-    if vocab_size is None:
-        if len(set(sizes)) > 1:
-            raise ValueError(
-                f"draft vocabulary ({draft.vocab_size}) and target vocabulary "
-                f"({target.vocab_size}) differ. If they share a tokenizer and only pad the "
-                "embedding to different sizes, pass vocab_size=<the tokenizer's size>, at most "
-                f"{min(sizes)}; ids from vocab_size up are then never drafted or emitted."
-            )
-        return sizes[0]
-    if not 1 <= vocab_size <= min(sizes):
-        raise ValueError(f"vocab_size must be in [1, {min(sizes)}], got {vocab_size!r}")
-    return vocab_size
-
-
-def _run(
-    target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec, inputs,
-    packed=False,
-):  # fmt: skip
-    if not (isinstance(spec.max_new_tokens, int) and spec.max_new_tokens >= 1):
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {spec.max_new_tokens!r}")
+def _run(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec,
+         inputs, packed=False):  # fmt: skip
+    checks.check_int("max_new_tokens", spec.max_new_tokens)
     sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
     prompt_tokens, prompt_lengths = checks.check_prompt(prompt_tokens, prompt_lengths, min(sizes))
     fn = _compiled(target, draft, spec, packed)  # rng None: key 0, made inside the program.
@@ -557,7 +537,7 @@ def generate_on_device(
 
 def _plain(model, params, prompt_tokens, prompt_lengths, rng, max_new_tokens, sampling, eos_id,
            vocab_size, packed):  # fmt: skip
-    vocab = shared_vocab_size(model, None, vocab_size)
+    vocab = checks.shared_vocab_size(model, None, vocab_size)
     spec = _Spec(0, None, max_new_tokens, sampling, None, eos_id, vocab)
     inputs = {"start": np.int32(1)}
     return _run(model, None, params, None, prompt_tokens, prompt_lengths, rng, spec, inputs, packed)
@@ -610,7 +590,7 @@ def speculative_generate(
         sampling,
         lenience,
         eos_id,
-        shared_vocab_size(target, draft, vocab_size),
+        checks.shared_vocab_size(target, draft, vocab_size),
     )
     inputs = _policy_inputs(lookahead, classifier, oracle_tokens, spec, np.shape(prompt_tokens)[0])
     out = _run(

@@ -24,7 +24,6 @@ if "PYTEST_XDIST_WORKER" not in os.environ:  # The controller, or a run without 
     os.environ.update(
         JAX_COMPILATION_CACHE_DIR=os.path.join(_RUN_DIR, "xla"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         JAX_COMPILATION_CACHE_MAX_SIZE=str(16 << 30),
         DISTILLSPEC_CACHE=os.path.join(_RUN_DIR, "distillspec"),
     )

@@ -18,7 +18,8 @@ import numpy as np
 import tqdm
 
 from distillspec import checks, datagen, lookahead
-from distillspec.decoding import generate, shared_vocab_size
+from distillspec.checks import shared_vocab_size
+from distillspec.decoding import generate
 from distillspec.evaluation.drafts import check_same_family
 from distillspec.feature_converters import decodable, valid_rows
 from distillspec.models.base import ScoringModel
@@ -109,7 +110,7 @@ def extract_features(
       max_new_tokens: N, tokens the target generates per prompt at most.
       eos_id: the target stops after emitting it (the EOS token is an example too); None: never.
       top_k: top draft probabilities in the features, in [1, vocab_size].
-      vocab_size: the shared vocabulary (`decoding.shared_vocab_size`); None: the models'.
+      vocab_size: the shared vocabulary (`checks.shared_vocab_size`); None: the models'.
 
     Returns:
       Examples; `sequence` numbers the valid prompt rows 0, 1, ... in the order they are met

@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec import checks, datagen, losses
-from distillspec.decoding import DecodeResult, generate, shared_vocab_size, speculative_generate
+from distillspec.checks import shared_vocab_size
+from distillspec.decoding import DecodeResult, generate, speculative_generate
 from distillspec.evaluation.timing import interleaved_items
 from distillspec.feature_converters import decodable, valid_rows
 from distillspec.sampling import SamplingConfig, logits_to_probs

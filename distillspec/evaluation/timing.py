@@ -336,8 +336,8 @@ def call_cost_timers(
             classifier if policy is not None and policy.kind == "disco" else None, schedules,
             vocab_size,
         )  # fmt: skip
-        for drafts, (timer, round_calls) in zip(schedules, timed):
-            name = key if drafts in ((0,), (1,)) else f"{key}/{','.join(map(str, drafts))}"
+        for i, (drafts, (timer, round_calls)) in enumerate(zip(schedules, timed)):
+            name = f"{key}/{','.join(map(str, drafts))}" if i else key  # The first: its base.
             timers["decoder", name], calls[name] = timer, round_calls
     return timers, calls, gamma
 
