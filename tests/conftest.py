@@ -1,8 +1,10 @@
 """Test-wide settings: a shared XLA compilation cache, a private model cache, JAX's flags.
 
-The suite runs in two pytest-xdist workers (pyproject.toml: `-n 2 --dist loadfile`, so a
-module's fixtures are built once, in one worker). This file is imported first by the controller
-process, then by each worker, which inherits the controller's environment.
+The suite runs in one process by default. With pytest-xdist (`-n 2 --dist loadfile`) this file
+is imported first by the controller process, then by each worker, which inherits the
+controller's environment. Two workers are not the default: under the second worker's load, a
+timing test of tiny models (`test_call_costs_price_the_draft_...`) failed once, a per-call
+cost that came out <= 0.
 """
 
 import atexit
