@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -33,6 +34,7 @@ def test_measure_reports_its_dtype_and_stays_exact(dtype):
     prompts = bench.random_prompts(32, 1, 4)
     record = bench.measure(pair, gamma=2, batch=1, max_new_tokens=8, prompts=prompts, repeats=1)
     assert record["dtype"] == dtype
+    assert pair[0].config.kv_cache_dtype == jnp.float32  # 'auto' on the CPU.
     assert record["exact_greedy"] and record["speedup"] > 0
 
 
@@ -108,6 +110,10 @@ def test_bad_dtype_names_the_value_and_the_valid_ones(capsys):
         bench.main(["--dtype", "float32", "fp16"])
     err = capsys.readouterr().err
     assert "--dtype" in err and "'fp16'" in err and "('float32', 'bfloat16')" in err
+    with pytest.raises(SystemExit):
+        bench.main(["--dtype", "bfloat16", "--cache_dtype", "int8"])
+    err = capsys.readouterr().err
+    assert "--cache_dtype" in err and "'int8'" in err and "'auto'" in err
 
 
 TRAIN_STEP_TIMES = (

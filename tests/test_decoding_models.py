@@ -44,14 +44,14 @@ def _perturbed(params, noise, seed):
 
 
 @functools.cache
-def _family(name, dtype="float32"):
+def _family(name, dtype="float32", cache_dtype="auto"):
     """(model, target params, draft params) of a family, built once per test session, decoding
     in dtype (`models.base.for_decoding`: parameters and activations; logits float32)."""
     model = FAMILIES[name]()
     params = model.init(jax.random.PRNGKey(0))
     draft_params = _perturbed(params, 0.05, seed=1)
-    decoding_model, params = for_decoding(model, params, dtype)
-    return decoding_model, params, for_decoding(model, draft_params, dtype)[1]
+    decoding_model, params = for_decoding(model, params, dtype, cache_dtype)
+    return decoding_model, params, for_decoding(model, draft_params, dtype, cache_dtype)[1]
 
 
 # gamma 1..8 at batch 4 and a few at batch 1; gpt2 shares every code path with llama but its
@@ -60,13 +60,16 @@ CASES = [(g, 4) for g in range(1, 9)] + [(1, 1), (3, 1), (8, 1)]
 PARAMS = [(name, g, b) for name in ("llama", "t5") for g, b in CASES]
 PARAMS += [("gpt2", g, b) for g, b in [(1, 4), (4, 4), (8, 4), (2, 1)]]
 PARAMS = [(*p, "float32") for p in PARAMS]
-# bfloat16 against the bfloat16 target: every family, a few cases each.
+# bfloat16 against the bfloat16 target: every family, a few cases each, with the default
+# cache ('auto': float32 on the CPU) and with a bfloat16 cache.
 PARAMS += [("llama", 3, 4, "bfloat16"), ("gpt2", 5, 1, "bfloat16"), ("t5", 3, 4, "bfloat16")]
+PARAMS = [(*p, "auto") for p in PARAMS]
+PARAMS += [("llama", 3, 4, "bfloat16", "bfloat16"), ("t5", 2, 1, "bfloat16", "bfloat16")]
 
 
-@pytest.mark.parametrize("name,gamma,batch,dtype", PARAMS)
-def test_greedy_speculative_equals_greedy_target(name, gamma, batch, dtype):
-    model, params, draft_params = _family(name, dtype)
+@pytest.mark.parametrize("name,gamma,batch,dtype,cache_dtype", PARAMS)
+def test_greedy_speculative_equals_greedy_target(name, gamma, batch, dtype, cache_dtype):
+    model, params, draft_params = _family(name, dtype, cache_dtype)
     prompts, lengths = ragged_prompts(batch, 6, VOCAB, seed=gamma)
     plain = generate(model, params, prompts, lengths, max_new_tokens=MAX_NEW)
     spec = speculative_generate(
@@ -118,15 +121,18 @@ def test_dynamic_lookahead_keeps_greedy_output_exact(name):
             assert len(np.flatnonzero(spec.sl_histogram.sum(0))) >= 2, policy.name
 
 
-def _first_step(model, params, prompts, lengths):
-    """(logits [B, 1, V], cache) of one decoding step after the prompt, jitted."""
+def _steps(model, params, prompts, lengths):
+    """(logits [B, 1 + 3, V], cache) of a one-token then a three-token call after the prompt,
+    jitted."""
 
     @jax.jit
-    def step(params):
+    def steps(params):
         cache, _, position = model.prefill(params, prompts, lengths, 16)
-        return model.extend(params, cache, prompts[:, :1], position)
+        first, cache = model.extend(params, cache, prompts[:, :1], position)
+        then, cache = model.extend(params, cache, prompts[:, 1:4], position + 1)
+        return jnp.concatenate([first, then], axis=1), cache
 
-    return step(params)
+    return steps(params)
 
 
 def test_for_decoding_casts_parameters_and_activations_not_logits():
@@ -134,15 +140,40 @@ def test_for_decoding_casts_parameters_and_activations_not_logits():
     assert model.config.dtype == "bfloat16"
     assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
     prompts, lengths = ragged_prompts(2, 6, VOCAB, seed=0)
-    logits, cache = _first_step(model, params, prompts, lengths)
+    logits, cache = _steps(model, params, prompts, lengths)
     assert logits.dtype == jnp.float32
-    assert {x.dtype for x in jax.tree.leaves(cache) if x.ndim >= 3} == {jnp.dtype(jnp.bfloat16)}
     # The bfloat16 target really differs from the float32 one (the tests above are not vacuous).
     f32, f32_params, _ = _family("llama")
-    f32_logits, _ = _first_step(f32, f32_params, prompts, lengths)
+    f32_logits, _ = _steps(f32, f32_params, prompts, lengths)
     assert not np.array_equal(np.asarray(logits), np.asarray(f32_logits))
     np.testing.assert_allclose(logits, f32_logits, atol=0.1 * float(np.abs(f32_logits).max()))
     with pytest.raises(
         ValueError, match=r"dtype must be one of \('float32', 'bfloat16'\), got 'fp16'"
     ):
         for_decoding(f32, f32_params, "fp16")
+    with pytest.raises(
+        ValueError,
+        match=r"cache_dtype must be 'auto' or one of \('float32', 'bfloat16'\), got 'int8'",
+    ):
+        for_decoding(f32, f32_params, "bfloat16", cache_dtype="int8")
+    assert for_decoding(f32, f32_params, "float32")[0] is f32  # Nothing to change.
+
+
+@pytest.mark.parametrize("name", ["llama", "t5"])
+def test_a_float32_cache_gives_bfloat16_decoding_the_same_logits(name):
+    """'auto' keeps the cache in float32 on the CPU: it holds the same bfloat16-rounded keys
+    and values, and XLA's CPU backend computes bfloat16 attention in float32 anyway."""
+    prompts, lengths = ragged_prompts(2, 6, VOCAB, seed=0)
+    results = {}
+    for cache_dtype in ("auto", "float32", "bfloat16"):
+        model, params, _ = _family(name, "bfloat16", cache_dtype)
+        results[cache_dtype] = _steps(model, params, prompts, lengths)
+    wide, narrow = results["auto"][1], results["bfloat16"][1]
+    assert jax.default_backend() == "cpu"
+    # (T5's cross-attention keys and values are computed once per prompt, in bfloat16.)
+    assert jnp.dtype(jnp.float32) in {x.dtype for x in jax.tree.leaves(wide) if x.ndim >= 3}
+    assert {x.dtype for x in jax.tree.leaves(narrow) if x.ndim >= 3} == {jnp.dtype(jnp.bfloat16)}
+    for cache_dtype in ("auto", "float32"):
+        np.testing.assert_array_equal(results[cache_dtype][0], results["bfloat16"][0])
+        for x, y in zip(jax.tree.leaves(results[cache_dtype][1]), jax.tree.leaves(narrow)):
+            np.testing.assert_array_equal(x, np.asarray(y, np.float32))

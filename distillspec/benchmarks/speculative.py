@@ -36,7 +36,8 @@ the call timers below interleaved (one of each per repeat), one record per (dtyp
   exact_greedy        whether every speculative greedy output equals the plain greedy output.
 Ratios are medians over the interleaved repeats; absolute times are context only. `--dtype`
 decodes in 'float32' or 'bfloat16' (parameters and activations; logits stay float32), or in
-both, one record each; each record names its dtype.
+both, one record each; each record names its dtype and its KV caches' `cache_dtype`
+(`--cache_dtype`, by default float32 on the CPU, see `models.base.decode_cache_dtype`).
 
 With --target and --draft (checkpoint directories), the pair is yours and the prompts are the
 first B prompts of --task's --split (default the embedded stdlib_code test split), tokenised
@@ -77,7 +78,7 @@ from distillspec.evaluation.timing import (
 )
 from distillspec.lookahead import Lookahead
 from distillspec.models import DecoderOnlyLM, TransformerConfig
-from distillspec.models.base import DECODE_DTYPES, check_decode_dtype, for_decoding
+from distillspec.models.base import DECODE_DTYPES, decode_cache_dtype, for_decoding
 
 TARGET = TransformerConfig(
     vocab_size=4096,
@@ -115,11 +116,12 @@ def reference_pair(draft_layers: int, deep_residual_scale: float, seed: int = 0)
     return target, params, draft, draft_params, description
 
 
-def in_dtype(pair, dtype: str):
-    """The pair decoding in dtype (`models.base.for_decoding`), its description unchanged."""
+def in_dtype(pair, dtype: str, cache_dtype: str = "auto"):
+    """The pair decoding in dtype with its KV caches in cache_dtype (`models.base.for_decoding`),
+    its description unchanged."""
     target, target_params, draft, draft_params, description = pair
-    return (*for_decoding(target, target_params, dtype), *for_decoding(draft, draft_params, dtype),
-            description)  # fmt: skip
+    return (*for_decoding(target, target_params, dtype, cache_dtype),
+            *for_decoding(draft, draft_params, dtype, cache_dtype), description)  # fmt: skip
 
 
 def in_context_costs(seconds: Mapping[Any, Sequence[Any]], costs: Mapping[str, Any],
@@ -276,12 +278,19 @@ def main(argv=None) -> list[dict]:
         default=["float32"],
         help=f"decoding dtypes, of {tuple(DECODE_DTYPES)}",
     )
+    parser.add_argument(
+        "--cache_dtype",
+        default="auto",
+        help="KV cache dtype: 'auto' (float32 on the CPU, else the decoding dtype) or one of "
+        f"{tuple(DECODE_DTYPES)}",
+    )
     args = parser.parse_args(argv)
+    cache_dtypes = {}
     for dtype in args.dtype:
         try:
-            check_decode_dtype(dtype)
+            cache_dtypes[dtype] = decode_cache_dtype(dtype, args.cache_dtype)
         except ValueError as e:
-            parser.error(f"--dtype: {e}")
+            parser.error(f"--dtype / --cache_dtype: {e}")
     if (args.target is None) != (args.draft is None):
         parser.error("--target and --draft go together (two checkpoint directories)")
     if args.target:
@@ -294,19 +303,13 @@ def main(argv=None) -> list[dict]:
         prompts = lambda batch: random_prompts(pair[0].vocab_size, batch, args.prompt_length)
     records = []
     for dtype in args.dtype:
-        decoding_pair = in_dtype(pair, dtype)
+        decoding_pair = in_dtype(pair, dtype, cache_dtypes[dtype])
         for batch in args.batch:
             print(f"measuring {dtype} gamma={args.gamma} batch={batch} ...", file=sys.stderr)
-            records.append(
-                measure(
-                    decoding_pair,
-                    args.gamma,
-                    batch,
-                    args.max_new_tokens,
-                    prompts(batch),
-                    args.repeats,
-                )  # fmt: skip
+            record = measure(
+                decoding_pair, args.gamma, batch, args.max_new_tokens, prompts(batch), args.repeats
             )
+            records.append({**record, "cache_dtype": cache_dtypes[dtype]})
             print(json.dumps(records[-1]), flush=True)
     return emit(records, args.json, echo=False)
 

@@ -171,20 +171,45 @@ def cast_params(params: Params, dtype: str) -> Params:
     return jax.tree.map(cast, params)
 
 
-def for_decoding(model: Any, params: Params, dtype: str) -> tuple[Any, Params]:
+def decode_cache_dtype(dtype: str, cache_dtype: str = "auto") -> str:
+    """The KV cache dtype for decoding in dtype: cache_dtype, or for 'auto' float32 on XLA's CPU
+    backend and dtype elsewhere. ValueError naming a bad value and the valid ones.
+
+    XLA's CPU backend computes a bfloat16 dot in float32, so a bfloat16 cache would be
+    converted whole to float32 in every decoding step (README section 3 shows the compiled
+    program); a float32 cache holds the same bfloat16-rounded keys and values (the projections
+    compute in dtype and round before the cache widens them), so the logits stay the same.
+    On accelerators a bfloat16 cache halves the cache's memory and traffic.
+    """
+    check_decode_dtype(dtype)
+    if cache_dtype == "auto":
+        return "float32" if jax.default_backend() == "cpu" else dtype
+    if cache_dtype not in DECODE_DTYPES:
+        raise ValueError(
+            f"cache_dtype must be 'auto' or one of {tuple(DECODE_DTYPES)}, got {cache_dtype!r}"
+        )
+    return cache_dtype
+
+
+def for_decoding(
+    model: Any, params: Params, dtype: str, cache_dtype: str = "auto"
+) -> tuple[Any, Params]:
     """(model, params) that decode in `dtype` ('float32' or 'bfloat16'): the model computes its
-    activations and KV cache in dtype (its config's compute dtype) and its parameters are stored
-    in dtype (half the weight traffic in bfloat16); logits are float32 whatever the dtype, and
-    the decoders sample and accept in float32.
+    activations in dtype (its config's compute dtype), keeps its KV cache in
+    `decode_cache_dtype(dtype, cache_dtype)` and stores its parameters in dtype (half the weight
+    traffic in bfloat16); logits are float32 whatever the dtype, and the decoders sample and
+    accept in float32.
 
     Decoding-only: training keeps float32 master parameters. A model without a config dtype
     (e.g. a stub) is returned as it is, with its params cast.
     """
-    check_decode_dtype(dtype)
+    cache_dtype = decode_cache_dtype(dtype, cache_dtype)
     if isinstance(model, TruncatedVocabulary):
-        inner, params = for_decoding(model.model, params, dtype)
+        inner, params = for_decoding(model.model, params, dtype, cache_dtype)
         return TruncatedVocabulary(inner, model.vocab_size), params
     config = getattr(model, "config", None)
-    if dataclasses.is_dataclass(config) and hasattr(config, "dtype") and config.dtype != dtype:
-        model = type(model)(dataclasses.replace(config, dtype=dtype))
+    if dataclasses.is_dataclass(config) and hasattr(config, "dtype"):
+        if (config.dtype, config.cache_dtype or config.dtype) != (dtype, cache_dtype):
+            cache = None if cache_dtype == dtype else cache_dtype
+            model = type(model)(dataclasses.replace(config, dtype=dtype, cache_dtype=cache))
     return model, cast_params(params, dtype)

@@ -28,6 +28,13 @@ def check_choice(name: str, value: Any, choices: Any) -> None:
         raise ValueError(f"{name}={value!r} is not valid; choose one of {sorted(choices)}.")
 
 
+def check_dtypes(config: Any) -> None:
+    """Raises ValueError unless config.dtype and config.cache_dtype (or None) name DTYPES."""
+    check_choice("dtype", config.dtype, set(DTYPES))
+    if config.cache_dtype is not None:
+        check_choice("cache_dtype", config.cache_dtype, set(DTYPES))
+
+
 def check_positive(config: Any, names: tuple[str, ...]) -> None:
     """Raises ValueError unless every named field of `config` is > 0."""
     for name in names:
@@ -59,6 +66,7 @@ class TransformerConfig:
     mlp_bias: bool = False  # Biases in the feed-forward block (GPT-2).
     tie_embeddings: bool = False  # lm head = transposed token embedding (GPT-2, small Qwen2).
     dtype: str = "float32"  # Compute dtype, 'float32' or 'bfloat16'; params stay float32.
+    cache_dtype: str | None = None  # KV cache dtype when decoding; None: the compute dtype.
     init_std: float = 0.02  # Std of the normal init of fresh parameters (HF's initializer_range).
 
     def __post_init__(self):
@@ -73,13 +81,17 @@ class TransformerConfig:
         check_choice("position_embedding", self.position_embedding, {"rope", "learned"})
         check_choice("norm", self.norm, {"rmsnorm", "layernorm"})
         check_choice("activation", self.activation, set(layers.ACTIVATIONS))
-        check_choice("dtype", self.dtype, set(DTYPES))
+        check_dtypes(self)
         if self.position_embedding == "rope" and self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")
 
     @property
     def compute_dtype(self) -> Any:
         return DTYPES[self.dtype]
+
+    @property
+    def kv_cache_dtype(self) -> Any:
+        return DTYPES[self.cache_dtype or self.dtype]
 
 
 class _Block(nn.Module):
@@ -202,7 +214,7 @@ class DecoderOnlyLM(FlaxModel):
         """Zero cache {'k', 'v'}: [num_layers, B, cache_length, num_kv_heads, head_dim] each."""
         cfg = self.config
         shape = (cfg.num_layers, batch_size, cache_length, cfg.num_kv_heads, cfg.head_dim)
-        zeros = jnp.zeros(shape, cfg.compute_dtype)
+        zeros = jnp.zeros(shape, cfg.kv_cache_dtype)
         return {"k": zeros, "v": zeros}
 
     def prefill(

@@ -232,7 +232,8 @@ def attend(
     Args:
       q: [B, T, H, D] queries.
       k, v: [B, S, Hkv, D] keys and values, H % Hkv == 0; query head h reads kv head h // (H/Hkv)
-        (the order of HF's repeat_kv).
+        (the order of HF's repeat_kv). They may be wider than q (a float32 cache beside
+        bfloat16 activations): the probabilities are rounded to q's dtype either way.
       mask: [B, 1, T, S] bool, True where the query may attend.
       bias: optional [B or 1, H, T, S] float additive bias (T5 relative positions).
       scale_logits: divide logits by sqrt(D) (False for T5, whose init absorbs the scale).
@@ -249,7 +250,7 @@ def attend(
     if bias is not None:
         logits = logits + bias.reshape(bias.shape[0], hkv, h // hkv, t, s).astype(jnp.float32)
     logits = jnp.where(mask[:, :, None], logits, NEG_INF)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    probs = jax.nn.softmax(logits, axis=-1).astype(q.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
     return out.reshape(b, t, h, d).astype(q.dtype)
 
@@ -268,7 +269,8 @@ def attend_cached(
 
     Args:
       q: [B, T, H, D] queries at positions starts[b] .. starts[b] + T - 1.
-      k_cache, v_cache: [B, S, Hkv, D]; slots >= starts[b] are ignored.
+      k_cache, v_cache: [B, S, Hkv, D]; slots >= starts[b] are ignored; may be wider than q,
+        as in `attend`.
       k_new, v_new: [B, T, Hkv, D] this call's keys and values.
       starts: [B] int.
 
@@ -288,7 +290,7 @@ def attend_cached(
     top = jnp.maximum(old.max(-1, keepdims=True), new.max(-1, keepdims=True))
     p_old, p_new = jnp.exp(old - top), jnp.exp(new - top)
     total = p_old.sum(-1, keepdims=True) + p_new.sum(-1, keepdims=True)
-    p_old, p_new = (p_old / total).astype(v_cache.dtype), (p_new / total).astype(v_new.dtype)
+    p_old, p_new = (p_old / total).astype(q.dtype), (p_new / total).astype(q.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", p_old, v_cache, preferred_element_type=f32)
     out = out + jnp.einsum("bkgts,bskd->btkgd", p_new, v_new, preferred_element_type=f32)
     return out.reshape(b, t, h, d).astype(q.dtype)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from distillspec.models import layers
 from distillspec.models.base import FlaxModel
-from distillspec.models.decoder_only import DTYPES, check_choice, check_positive
+from distillspec.models.decoder_only import DTYPES, check_dtypes, check_positive
 
 PAD_ID = 0  # Encoder padding id.
 DECODER_START_ID = 0  # First decoder input token.
@@ -40,6 +40,7 @@ class T5Config:
     tie_embeddings: bool = False  # lm head = transposed shared embedding (False in v1.1).
     scale_decoder_outputs: bool = False  # Decoder output * d**-0.5 before the head (original T5).
     dtype: str = "float32"  # Compute dtype, 'float32' or 'bfloat16'; params stay float32.
+    cache_dtype: str | None = None  # Self-attention cache dtype when decoding; None: dtype.
 
     def __post_init__(self):
         check_positive(
@@ -51,11 +52,15 @@ class T5Config:
                 f"relative_max_distance={self.relative_max_distance} must exceed "
                 f"relative_buckets // 2 = {self.relative_buckets // 2}."
             )
-        check_choice("dtype", self.dtype, set(DTYPES))
+        check_dtypes(self)
 
     @property
     def compute_dtype(self) -> Any:
         return DTYPES[self.dtype]
+
+    @property
+    def kv_cache_dtype(self) -> Any:
+        return DTYPES[self.cache_dtype or self.dtype]
 
 
 def _attention(cfg: T5Config, name: str) -> layers.Attention:
@@ -255,7 +260,7 @@ class T5LM(FlaxModel):
         cfg, batch = self.config, prompt_tokens.shape[0]
         encoded, mask = self.module.apply({"params": params}, prompt_tokens, method="encode")
         shape = (cfg.num_decoder_layers, batch, cache_length, cfg.num_heads, cfg.head_dim)
-        zeros = jnp.zeros(shape, cfg.compute_dtype)
+        zeros = jnp.zeros(shape, cfg.kv_cache_dtype)
         start = jnp.full((batch, 1), DECODER_START_ID, jnp.int32)
         starts = jnp.zeros((batch,), jnp.int32)
         _, layer_cache = self.module.apply(

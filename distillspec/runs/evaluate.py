@@ -17,7 +17,7 @@ from distillspec.disco import storage
 from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
 from distillspec.evaluation.policies import evaluate_policies, resolve_policies
 from distillspec.evaluation.quality import quality_records
-from distillspec.models.base import check_decode_dtype, for_decoding
+from distillspec.models.base import decode_cache_dtype, for_decoding
 from distillspec.records import RECORDS_FILE, TUNED_POLICIES, append_records, write_jsonl_atomic
 from distillspec.runs.common import open_run, prompt_sets
 
@@ -53,6 +53,7 @@ def evaluate(
     seed: int = 0,
     latency_prompts: int | None = None,
     dtype: str = "float32",
+    cache_dtype: str = "auto",
     vocabulary: str | None = None,
     vocab_size: int | None = None,
     tfds_data_dir: str | None = None,
@@ -70,8 +71,10 @@ def evaluate(
     (`vocabularies.load_tokenizer`; None = the target checkpoint's tokenizer files, else the
     embedded 'sentencepiece'). dtype: 'float32' or 'bfloat16', the decoders' parameters and
     activations for every decoding and TVD (logits, sampling and acceptance stay float32; see
-    `models.base.for_decoding`). vocab_size: the tokenizer's size when target and drafts pad
-    their embeddings to different sizes (both models' logits are cut to it).
+    `models.base.for_decoding`); cache_dtype: their KV caches' dtype ('auto': float32 on the
+    CPU, else dtype; `models.base.decode_cache_dtype`). vocab_size: the tokenizer's size when
+    target and drafts pad their embeddings to different sizes (both models' logits are cut to
+    it).
 
     Appends one record per (eval set, draft, gamma, temperature) to OUTPUT_DIR/records.jsonl
     (none if gammas is empty): 'speedup' is the throughput speed-up on batches of batch_size,
@@ -90,7 +93,7 @@ def evaluate(
     if not gammas and not policies:
         raise ValueError("nothing to evaluate: gammas and policies are both empty")
     # Bad grid values, dtypes and policy names fail before anything is loaded.
-    check_decode_dtype(dtype)
+    decode_cache_dtype(dtype, cache_dtype)
     grid = None
     if gammas:
         grid = GridConfig(
@@ -106,8 +109,8 @@ def evaluate(
         "evaluate", output_dir, target_checkpoint, drafts, vocabulary, eval_sets, vocab_size,
         tfds_data_dir,
     )  # fmt: skip
-    target, target_params = for_decoding(target, target_params, dtype)
-    models = {name: for_decoding(*pair, dtype) for name, pair in models.items()}
+    target, target_params = for_decoding(target, target_params, dtype, cache_dtype)
+    models = {name: for_decoding(*pair, dtype, cache_dtype) for name, pair in models.items()}
     records_path = os.path.join(output_dir, RECORDS_FILE)
     sets = prompt_sets(names, task_feature_lengths, num_prompts, batch_size, tokenizer.prompt_bos)
     records = []
