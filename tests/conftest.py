@@ -1,10 +1,10 @@
 """Test-wide settings: a shared XLA compilation cache, a private model cache, JAX's flags.
 
-The suite runs in one process by default. With pytest-xdist (`-n 2 --dist loadfile`) this file
-is imported first by the controller process, then by each worker, which inherits the
-controller's environment. Two workers are not the default: under the second worker's load, a
-timing test of tiny models (`test_call_costs_price_the_draft_...`) failed once, a per-call
-cost that came out <= 0.
+The suite runs on two pytest-xdist workers (`-n 2 --dist loadfile` in pyproject.toml; `-n 0`
+for one process). This file is imported first by the controller process, then by each worker,
+which inherits the controller's environment. Timing tests of tiny models time >= 9 calls per
+per-call cost, so that the second worker's load does not bring one to <= 0 (one came out
+<= 0 once, timed over 1-2 calls).
 """
 
 import atexit

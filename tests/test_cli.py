@@ -69,6 +69,7 @@ def test_tiny_quickstart(tiny_quickstart):
         (d, t) for d in ("standard", "distilled") for t in (0.0, 1.0)
     }
     assert records.read_jsonl(out / "records.jsonl") == made
+    assert all((r["dtype"], r["cache_dtype"]) == ("float32", "float32") for r in made)
     for stage in ("target", "draft", "distilled"):
         assert (out / stage / "export" / "config.json").is_file()
         assert "TransformerConfig.embed_dim" in (out / stage / "config.gin").read_text()

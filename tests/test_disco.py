@@ -461,6 +461,7 @@ def test_disco_run_end_to_end(tmp_path, capsys):
     )  # fmt: skip
     assert [r["policy"] for r in again] == ["target", "static-opt", "disco", "oracle"]
     assert all(r["exact"] and r["num_prompts"] == 2 for r in again)
+    assert all((r["dtype"], r["cache_dtype"]) == ("float32", "float32") for r in again)
     assert again[2]["threshold"] == metadata["tuning"]["disco"]["threshold"]
     # A rerun reuses the saved classifier and tuning, and appends a second set of records.
     capsys.readouterr()

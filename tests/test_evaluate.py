@@ -450,8 +450,11 @@ def test_call_costs_price_the_draft_in_the_loops_context_and_every_policys_own_l
     draft_params = perturbed(params, 0.05, seed=1)
     prompt = (np.ones((1, 4), np.int32), np.array([4], np.int32))
     policies = [Lookahead("static", 3), Lookahead("confidence", 4), Lookahead("oracle", 4)]
+    # Per-call costs are differences of a long and a short loop of calls; 48 new tokens give
+    # each width >= 9 calls, so that a second process on the 2 cores (pytest -n 2) cannot
+    # bring a tiny model's difference to <= 0 (it did with 8: one or two calls per width).
     costs = timing.measure_call_costs(
-        target, params, target, draft_params, prompt, policies, max_new_tokens=8, repeats=3
+        target, params, target, draft_params, prompt, policies, max_new_tokens=48, repeats=3
     )
     assert sorted(costs["target"]) == [1, 2, 3, 4, 5]  # Every verify width (and 1, 2).
     assert all(v > 0 for v in costs["target"].values())

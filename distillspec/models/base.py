@@ -178,8 +178,10 @@ def decode_cache_dtype(dtype: str, cache_dtype: str = "auto") -> str:
     XLA's CPU backend computes a bfloat16 dot in float32, so a bfloat16 cache would be
     converted whole to float32 in every decoding step (README section 3 shows the compiled
     program); a float32 cache holds the same bfloat16-rounded keys and values (the projections
-    compute in dtype and round before the cache widens them), so the logits stay the same.
-    On accelerators a bfloat16 cache halves the cache's memory and traffic.
+    compute in dtype and round before the cache widens them), so the same numbers enter the
+    same float32 arithmetic: the tests find the logits bit-identical (a compiled loop may still
+    order a sum differently). On accelerators a bfloat16 cache halves the cache's memory and
+    traffic.
     """
     check_decode_dtype(dtype)
     if cache_dtype == "auto":

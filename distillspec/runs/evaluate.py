@@ -93,7 +93,7 @@ def evaluate(
     if not gammas and not policies:
         raise ValueError("nothing to evaluate: gammas and policies are both empty")
     # Bad grid values, dtypes and policy names fail before anything is loaded.
-    decode_cache_dtype(dtype, cache_dtype)
+    cache_dtype = decode_cache_dtype(dtype, cache_dtype)
     grid = None
     if gammas:
         grid = GridConfig(
@@ -119,7 +119,7 @@ def evaluate(
             target, target_params, models, batches, grid, eos_id=tokenizer.eos_id, task=task,
             split=split, vocab_size=vocab_size,
         )  # fmt: skip
-        new = [dict(r, dtype=dtype) for r in new]  # A bfloat16 figure says so.
+        new = [dict(r, dtype=dtype, cache_dtype=cache_dtype) for r in new]  # Says bfloat16.
         append_records(records_path, new)
         records += new
     if policies:
@@ -129,7 +129,8 @@ def evaluate(
             num_prompts=num_prompts, max_new_tokens=task_feature_lengths["targets"],
             eos_id=tokenizer.eos_id, records_path=records_path, timing_repeats=timing_repeats,
             heuristic_sl_max=heuristic_sl_max, heuristic_start=heuristic_start,
-            oracle_sl_max=oracle_sl_max, vocab_size=vocab_size, context={"dtype": dtype},
+            oracle_sl_max=oracle_sl_max, vocab_size=vocab_size,
+            context={"dtype": dtype, "cache_dtype": cache_dtype},
         )  # fmt: skip
     print(tables.format_report(records_path, output_dir))
     if quality:
