@@ -1,7 +1,7 @@
 """What one draw from a [1, V] distribution costs inside a jitted loop: Gumbel-max against the
 decoder's sampler (`sampling.sample_categorical`, the inverse of the running sum) and argmax.
 
-    python scripts/sampler_cost.py [--vocab 2048] [--repeats 9]
+    python scripts/sampler_cost.py [--vocab 2048] [--repeats 9] [--steps 200]
 
 Prints one JSON object: microseconds per draw for each (medians of the difference of a long and
 a one-step loop, so dispatch cancels out; compilation excluded) and gumbel_over_sampler.
@@ -48,9 +48,12 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=200, help="draws in the long loop (>= 2)")
     args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error(f"--steps must be >= 2, got {args.steps}")
     probs = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(1), (1, args.vocab)))
-    result = {f"{name}_us": round(microseconds_per_draw(draw, probs, args.repeats), 2)
+    result = {f"{name}_us": round(microseconds_per_draw(draw, probs, args.repeats, args.steps), 2)
               for name, draw in DRAWS.items()}  # fmt: skip
     result["gumbel_over_sampler"] = round(result["gumbel_max_us"] / result["sampler_us"], 2)
     result.update(vocab=args.vocab, backend=jax.default_backend())
