@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from distillspec.models import layers
-from distillspec.models.base import FlaxModel
+from distillspec.models.base import DECODE_DTYPES, FlaxModel
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+DTYPES = DECODE_DTYPES  # Compute dtypes: float32 and bfloat16.
 
 
 def check_choice(name: str, value: Any, choices: Any) -> None:

@@ -73,22 +73,6 @@ def _rule(
 _LINEAR = (_transpose, _transpose)
 
 
-def _linear_to_heads(heads: int) -> tuple[Callable, Callable]:
-    """HF Linear [heads * D, E] <-> ours [E, heads, D] (q/k/v projections)."""
-    return (
-        lambda w: w.T.reshape(w.shape[1], heads, -1),
-        lambda k: k.reshape(k.shape[0], -1).T,
-    )
-
-
-def _linear_from_heads(heads: int) -> tuple[Callable, Callable]:
-    """HF Linear [E, heads * D] <-> ours [heads, D, E] (output projection)."""
-    return (
-        lambda w: w.T.reshape(heads, -1, w.shape[0]),
-        lambda k: k.reshape(-1, k.shape[-1]).T,
-    )
-
-
 def _conv_to_heads(heads: int) -> tuple[Callable, Callable]:
     """GPT-2 Conv1D [E, heads * D] <-> ours [E, heads, D]."""
     return (lambda w: w.reshape(w.shape[0], heads, -1), lambda k: k.reshape(k.shape[0], -1))
@@ -99,22 +83,31 @@ def _conv_from_heads(heads: int) -> tuple[Callable, Callable]:
     return (lambda w: w.reshape(heads, -1, w.shape[-1]), lambda k: k.reshape(-1, k.shape[-1]))
 
 
+def _transposed(rule: tuple[Callable, Callable]) -> tuple[Callable, Callable]:
+    """A Conv1D rule for an HF Linear, which stores the same matrix transposed."""
+    to, back = rule
+    return (lambda w: to(w.T), lambda k: back(k).T)
+
+
+def _linear_to_heads(heads: int) -> tuple[Callable, Callable]:
+    """HF Linear [heads * D, E] <-> ours [E, heads, D] (q/k/v projections)."""
+    return _transposed(_conv_to_heads(heads))
+
+
+def _linear_from_heads(heads: int) -> tuple[Callable, Callable]:
+    """HF Linear [E, heads * D] <-> ours [heads, D, E] (output projection)."""
+    return _transposed(_conv_from_heads(heads))
+
+
 def _bias_to_heads(heads: int) -> tuple[Callable, Callable]:
     """HF bias [heads * D] <-> ours [heads, D]."""
     return (lambda b: b.reshape(heads, -1), lambda b: b.reshape(-1))
 
 
-# --------------------------------------------------------------------------------------------
-# Configs.
-# --------------------------------------------------------------------------------------------
+# Configs. ----------------------------------------------------------------------------------------
 
-_GPT2_ACTIVATIONS = {
-    "gelu_new": "gelu_new",
-    "gelu_pytorch_tanh": "gelu_new",
-    "gelu": "gelu",
-    "relu": "relu",
-    "silu": "silu",
-}
+_GPT2_ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu",
+                     "relu": "relu", "silu": "silu"}  # fmt: skip
 
 
 def _require(condition: bool, message: str) -> None:
@@ -290,9 +283,7 @@ def _hf_config(config: TransformerConfig | T5Config, model_type: str) -> dict[st
     return hf
 
 
-# --------------------------------------------------------------------------------------------
-# Tensor rules.
-# --------------------------------------------------------------------------------------------
+# Tensor rules. -----------------------------------------------------------------------------------
 
 
 def _gpt2_rules(c: TransformerConfig) -> list[_Rule]:
@@ -434,9 +425,7 @@ _CONFIG_READERS = {
 _RULES = {"gpt2": _gpt2_rules, "llama": _llama_rules, "qwen2": _llama_rules, "t5": _t5_rules}
 
 
-# --------------------------------------------------------------------------------------------
-# GPT-2 name and fusion quirks.
-# --------------------------------------------------------------------------------------------
+# GPT-2 name and fusion quirks. -------------------------------------------------------------------
 
 
 def _normalize_gpt2(tensors: dict[str, Array]) -> dict[str, Array]:
@@ -468,9 +457,7 @@ def _fuse_gpt2(tensors: dict[str, Array]) -> dict[str, Array]:
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# Conversion.
-# --------------------------------------------------------------------------------------------
+# Conversion. -------------------------------------------------------------------------------------
 
 
 def _set(tree: Params, path: tuple[str, ...], value: Any) -> None:
