@@ -22,6 +22,7 @@ setup(
         "safetensors",
         "tensorstore",  # T5X checkpoints: one zarr array per parameter.
         "numpy",
+        "scipy",  # Bootstrap intervals of the benchmarks' figures (jax needs it too).
         "ml_dtypes",  # bfloat16 tensors in safetensors checkpoints.
         "sentencepiece",
         "tensorflow",  # seqio's data pipeline and the TensorBoard event writer.

@@ -15,6 +15,7 @@ import pytest
 from distillspec.benchmarks import speculative as bench
 from distillspec.benchmarks import train_step as step_bench
 from distillspec.decoding import DecodeResult
+from distillspec.evaluation import timing
 from tests.test_utils import perturbed, tiny_lm
 
 NEW_KEYS = (
@@ -57,6 +58,25 @@ def test_measure_reports_the_in_context_cost_model():
     )
     assert record["spec_loop_ms"] >= 0
     assert record["plain_fixed_ms"] > 0 and record["spec_fixed_ms"] > 0  # Prefill at least.
+    for key in bench.INTERVALS:  # Bootstrap intervals over the 3 repeats.
+        low, high = record[f"{key}_interval"]
+        assert 0 < low <= high and math.isfinite(high), (key, low, high)
+
+
+def test_repeats_interval_resamples_whole_repeats():
+    # Per repeat: a slow stretch slows both timings alike, so their ratio stays 2 while each
+    # timing alone spreads 4-fold.
+    slow = [1.0, 4.0, 1.5, 2.0, 3.0, 1.2, 2.5]
+    a, b = [2.0 * x for x in slow], slow
+    ratio = lambda i: [
+        float(np.median([a[k] / b[k] for k in i])),
+        float(np.median([a[k] for k in i])),
+    ]
+    (low_ratio, high_ratio), (low_a, high_a) = timing.repeats_interval(ratio, len(slow)).T
+    assert low_ratio == high_ratio == 2.0  # Paired: the stretches cancel in every resample.
+    assert low_a < np.median(a) < high_a and min(a) <= low_a and high_a <= max(a)
+    again = timing.repeats_interval(ratio, len(slow))  # The same timings, the same interval.
+    np.testing.assert_array_equal(again, timing.repeats_interval(ratio, len(slow)))
 
 
 def test_in_context_costs_are_the_records_view_of_the_call_costs():

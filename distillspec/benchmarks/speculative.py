@@ -34,6 +34,10 @@ the call timers below interleaved (one of each per repeat), one record per (dtyp
                       at the in-context costs above, plus the run's fixed part;
   plain_modeled_over_measured, speculative_modeled_over_measured   modeled / measured latency;
   exact_greedy        whether every speculative greedy output equals the plain greedy output.
+  speedup_interval, efficiency_interval, plain_modeled_over_measured_interval,
+  speculative_modeled_over_measured_interval   [low, high]: 90% bootstrap intervals of those
+                      figures over the repeats (`timing.repeats_interval`): what this run can
+                      tell apart (on a 2-core VM eta's is about +-15% at 9 repeats).
 Ratios are medians over the interleaved repeats; absolute times are context only. `--dtype`
 decodes in 'float32' or 'bfloat16' (parameters and activations; logits stay float32), or in
 both, one record each; each record names its dtype and its KV caches' `cache_dtype`
@@ -57,6 +61,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import operator
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
@@ -75,6 +80,7 @@ from distillspec.evaluation.timing import (
     interleaved,
     megabytes,
     modeled_latency_ms,
+    repeats_interval,
 )
 from distillspec.lookahead import Lookahead
 from distillspec.models import DecoderOnlyLM, TransformerConfig
@@ -90,6 +96,11 @@ TARGET = TransformerConfig(
     mlp_dim=1408,
     tie_embeddings=True,
 )
+
+
+# The figures whose 90% bootstrap interval over the repeats a record gives ('<figure>_interval').
+INTERVALS = ("speedup", "efficiency", "plain_modeled_over_measured",
+             "speculative_modeled_over_measured")  # fmt: skip
 
 
 def reference_pair(draft_layers: int, deep_residual_scale: float, seed: int = 0):
@@ -210,21 +221,36 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats:
     plain(), spec()  # Compiles both.
     runs, seconds = interleaved({"plain": plain, "spec": spec, **timers}, repeats)
     plain_out, spec_out = runs["plain"][-1], runs["spec"][-1]
-    plain_s, spec_s = seconds["plain"], seconds["spec"]
-    speedup = statistics.median(p / q for p, q in zip(plain_s, spec_s))
-    timed = {name: runs[name] for name in timers}
-    model_costs = call_costs(timed, calls, timed_gamma)
-    costs = in_context_costs(timed, model_costs, gamma, timed_gamma)
-    ideal = lambda c: spec_out.tau / (gamma * c + costs["r_gamma"])
+    measured = {"plain": (seconds["plain"], plain_out), "speculative": (seconds["spec"], spec_out)}
+
+    def figures(indices: Sequence[int]) -> tuple[dict, dict]:  # Of the repeats at these indices.
+        pick = lambda values: [values[i] for i in indices]
+        timed = {name: pick(runs[name]) for name in timers}
+        model_costs = call_costs(timed, calls, timed_gamma)
+        costs = in_context_costs(timed, model_costs, gamma, timed_gamma)
+        ideal = lambda c: spec_out.tau / (gamma * c + costs["r_gamma"])
+        speedup = statistics.median(map(operator.truediv, pick(seconds["plain"]),
+                                        pick(seconds["spec"])))  # fmt: skip
+        latency = {name: 1e3 * statistics.median(pick(s)) / int(out.lengths.sum())
+                   for name, (s, out) in measured.items()}  # fmt: skip
+        modeled = {name: modeled_ms_per_token(out, gamma if name != "plain" else 0, model_costs)
+                   for name, (_, out) in measured.items()}  # fmt: skip
+        return costs, {
+            "speedup": speedup,
+            "speedup_ideal": ideal(costs["c"]),
+            "efficiency": speedup / ideal(costs["c"]),
+            "speedup_ideal_isolated": ideal(costs["c_isolated"]),
+            "efficiency_isolated": speedup / ideal(costs["c_isolated"]),
+            **{f"{name}_latency_ms": v for name, v in latency.items()},
+            **{f"{name}_modeled_latency_ms": v for name, v in modeled.items()},
+            **{f"{name}_modeled_over_measured": modeled[name] / latency[name] for name in latency},
+        }
+
+    costs, ratios = figures(range(repeats))
+    intervals = [[None, None]] * len(INTERVALS)  # Unknown from one repeat.
+    if repeats > 1:
+        intervals = repeats_interval(lambda i: [figures(i)[1][k] for k in INTERVALS], repeats).T
     tokens = batch * max_new_tokens
-    latency = {
-        name: 1e3 * statistics.median(s) / int(out.lengths.sum())
-        for name, s, out in (("plain", plain_s, plain_out), ("speculative", spec_s, spec_out))
-    }
-    modeled = {
-        "plain": modeled_ms_per_token(plain_out, 0, model_costs),
-        "speculative": modeled_ms_per_token(spec_out, gamma, model_costs),
-    }
     return {
         "gamma": gamma,
         "batch": batch,
@@ -233,20 +259,14 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats:
         "alpha": round(spec_out.alpha, 4),
         "tau": round(spec_out.tau, 4),
         **{k: round(v, 4) for k, v in costs.items()},
-        "speedup": round(speedup, 4),
-        "speedup_ideal": round(ideal(costs["c"]), 4),
-        "efficiency": round(speedup / ideal(costs["c"]), 4),
-        "speedup_ideal_isolated": round(ideal(costs["c_isolated"]), 4),
-        "efficiency_isolated": round(speedup / ideal(costs["c_isolated"]), 4),
-        **{f"{name}_latency_ms": round(v, 4) for name, v in latency.items()},
-        **{f"{name}_modeled_latency_ms": round(v, 4) for name, v in modeled.items()},
+        **{k: round(v, 4) for k, v in ratios.items()},
         **{
-            f"{name}_modeled_over_measured": round(modeled[name] / latency[name], 4)
-            for name in latency
-        },
+            f"{k}_interval": [v and round(v, 4) for v in interval]
+            for k, interval in zip(INTERVALS, intervals)
+        },  # fmt: skip
         "exact_greedy": bool(np.array_equal(spec_out.tokens, plain_out.tokens)),
-        "plain_tokens_per_s": round(tokens / statistics.median(plain_s), 1),
-        "speculative_tokens_per_s": round(tokens / statistics.median(spec_s), 1),
+        "plain_tokens_per_s": round(tokens / statistics.median(seconds["plain"]), 1),
+        "speculative_tokens_per_s": round(tokens / statistics.median(seconds["spec"]), 1),
         "max_new_tokens": max_new_tokens,
         "prompt_length": prompt_len,
         "repeats": repeats,

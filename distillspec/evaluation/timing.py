@@ -5,6 +5,7 @@ so that a slower stretch of a shared machine hits them alike, compilation is exc
 are on the host before the clock is read (the decoders return host arrays), and medians count.
 
   interleaved         runs {name: fn} in turn `repeats` times; per-name results and seconds.
+  repeats_interval    a bootstrap interval of figures computed from interleaved repeats.
   interleaved_items   the same over a list of inputs (prompt batches, batch-1 prompts): one
                       untimed warm-up per compiled shape, then per-input medians, summed.
   step_timer          seconds per model call inside a jitted loop (prefill and dispatch cancel).
@@ -74,6 +75,26 @@ def interleaved(
             results[name].append(result)
             seconds[name].append(t)
     return results, seconds
+
+
+def repeats_interval(
+    figures: Callable[[Sequence[int]], Sequence[float]], repeats: int, confidence: float = 0.9
+) -> np.ndarray:
+    """[2, K] low and high ends of a percentile-bootstrap interval of the K figures that
+    figures(indices) computes from the `interleaved` repeats at those indices (whole repeats are
+    resampled, so the timings taken side by side stay together; `scipy.stats.bootstrap`, 1,000
+    resamples, a fixed seed so the same timings give the same interval).
+
+    A median over a few repeats of a shared machine moves by tens of percent between runs (on
+    the 2-core VM one timing of a 10 ms call spreads by +-15%); the interval says how far a
+    figure can be trusted, and what differences between figures are real."""
+    import scipy.stats  # Deferred: only benchmarks need it.
+
+    result = scipy.stats.bootstrap(
+        (np.arange(repeats),), lambda i: np.asarray(figures(i), float), vectorized=False,
+        n_resamples=1000, confidence_level=confidence, method="percentile", random_state=0,
+    )  # fmt: skip
+    return np.array([result.confidence_interval.low, result.confidence_interval.high])
 
 
 def interleaved_items(
