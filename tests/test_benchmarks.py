@@ -37,6 +37,7 @@ def test_measure_reports_its_dtype_and_stays_exact(dtype):
     assert record["dtype"] == dtype
     assert pair[0].config.kv_cache_dtype == jnp.float32  # 'auto' on the CPU.
     assert record["exact_greedy"] and record["speedup"] > 0
+    assert record["efficiency_interval"] == [None, None]  # One repeat: no interval.
 
 
 def test_measure_reports_the_in_context_cost_model():

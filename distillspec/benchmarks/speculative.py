@@ -37,7 +37,7 @@ the call timers below interleaved (one of each per repeat), one record per (dtyp
   speedup_interval, efficiency_interval, plain_modeled_over_measured_interval,
   speculative_modeled_over_measured_interval   [low, high]: 90% bootstrap intervals of those
                       figures over the repeats (`timing.repeats_interval`): what this run can
-                      tell apart (on a 2-core VM eta's is about +-15% at 9 repeats).
+                      tell apart (on the 2-core VM eta's is about +-12% at 15 repeats).
 Ratios are medians over the interleaved repeats; absolute times are context only. `--dtype`
 decodes in 'float32' or 'bfloat16' (parameters and activations; logits stay float32), or in
 both, one record each; each record names its dtype and its KV caches' `cache_dtype`
@@ -261,7 +261,7 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats:
         **{k: round(v, 4) for k, v in costs.items()},
         **{k: round(v, 4) for k, v in ratios.items()},
         **{
-            f"{k}_interval": [v and round(v, 4) for v in interval]
+            f"{k}_interval": [None if v is None else round(float(v), 4) for v in interval]
             for k, interval in zip(INTERVALS, intervals)
         },  # fmt: skip
         "exact_greedy": bool(np.array_equal(spec_out.tokens, plain_out.tokens)),
