@@ -60,8 +60,10 @@ def test_measure_reports_the_in_context_cost_model():
     assert record["spec_loop_ms"] >= 0
     assert record["plain_fixed_ms"] > 0 and record["spec_fixed_ms"] > 0  # Prefill at least.
     for key in bench.INTERVALS:  # Bootstrap intervals over the 3 repeats.
+        # (Not > 0: a resample of one repeat timed under the other worker's load can give this
+        # tiny pair a per-call difference below 0, as the interval then says.)
         low, high = record[f"{key}_interval"]
-        assert 0 < low <= high and math.isfinite(high), (key, low, high)
+        assert math.isfinite(low) and math.isfinite(high) and low <= high, (key, low, high)
 
 
 def test_repeats_interval_resamples_whole_repeats():
