@@ -464,7 +464,9 @@ def test_call_costs_price_the_draft_in_the_loops_context_and_every_policys_own_l
     assert costs["round"] >= 0
     programs = ["static", "confidence-4", "oracle-4"]
     assert sorted(costs["spec_round"]) == sorted(costs["per_draft"]) == sorted(programs)
-    assert all(costs["spec_round"][p] >= 0 and costs["per_draft"][p] >= 0 for p in programs)
+    # Calibrations that may be < 0, but a round and a draft call each cost >= 0.
+    assert all(costs["spec_round"][p] >= -min(costs["target"].values()) for p in programs)
+    assert all(costs["per_draft"][p] >= -min(costs["draft"].values()) for p in programs)
     # A run's prefill and dispatch: a difference of timings of a tiny pair, which noise can
     # bring to the floor of 0 for one program, but not for all.
     fixed = [costs["fixed"][p] for p in ["plain", *programs]]
@@ -485,6 +487,16 @@ def test_call_costs_price_the_draft_in_the_loops_context_and_every_policys_own_l
         + 6 * costs["per_draft"]["static"]
     ) / 8
     assert modeled == pytest.approx(expected)  # fmt: skip
+
+
+# The rounds of the static programs (1 and gamma = 4 drafts) and of a DISCO program with
+# SL_max 8: one draft verifying 2 positions, 4 drafts verifying 5, 1 and 4 in turn.
+_BY_HAND_CALLS = {
+    "plain": {}, "static-1": {}, "static-4": {},
+    "disco-8": {"draft_calls": 1.0, "verify": {2: 1.0}, "switches": 0.0},
+    "disco-8/4": {"draft_calls": 4.0, "verify": {5: 1.0}, "switches": 0.0},
+    "disco-8/1,4": {"draft_calls": 2.5, "verify": {2: 0.5, 5: 0.5}, "switches": 1.0},
+}  # fmt: skip
 
 
 def test_call_costs_from_interleaved_seconds_by_hand():
@@ -508,11 +520,7 @@ def test_call_costs_from_interleaved_seconds_by_hand():
         ("decoder", "disco-8/4"): [(5.45, 9.5), (10.9, 19.0), (5.45, 9.5)],
         ("decoder", "disco-8/1,4"): [(4.425, 9.2), (8.85, 18.4), (4.425, 9.2)],
     }  # fmt: skip
-    calls = {"plain": {}, "static-1": {}, "static-4": {},
-             "disco-8": {"draft_calls": 1.0, "verify": {2: 1.0}, "switches": 0.0},
-             "disco-8/4": {"draft_calls": 4.0, "verify": {5: 1.0}, "switches": 0.0},
-             "disco-8/1,4": {"draft_calls": 2.5, "verify": {2: 0.5, 5: 0.5},
-                             "switches": 1.0}}  # fmt: skip
+    calls = _BY_HAND_CALLS
     costs = timing.call_costs(seconds, calls, gamma)
     assert costs["target"] == pytest.approx({1: 1e3, 2: 1.5e3, 5: 3e3})
     assert costs["draft"][1] == costs["draft"][2] == pytest.approx(200.0)  # In context.
@@ -535,3 +543,38 @@ def test_call_costs_from_interleaved_seconds_by_hand():
     # A round timed faster than its verify call alone (noise) prices the draft at 0, not < 0.
     noisy = timing.call_costs({**seconds, ("round", 4): [2.9] * 3}, calls, gamma)
     assert noisy["draft"][1] == 0.0
+    # A static round timed <= 0 (noise) is dropped: that program is priced from its calls.
+    noisy = timing.call_costs({**seconds, ("decoder", "static-4"): [(-0.1, 8.5)] * 3}, calls,
+                              gamma)  # fmt: skip
+    assert noisy["static_round"] == pytest.approx({1: 2.1e3})
+
+
+def test_dynamic_rounds_are_priced_at_their_timed_cost_when_their_calls_priced_apart_cost_more():
+    from distillspec.lookahead import Lookahead
+
+    gamma = 4
+    seconds = {
+        ("target", 1): [1.0], ("target", 2): [1.5], ("target", 5): [3.0],
+        ("draft", 1): [0.05], ("draft", 2): [0.06], ("round", 1): [1.7], ("round", 4): [3.8],
+        ("decoder", "plain"): [(1.5, 7.0)], ("decoder", "static-1"): [(2.1, 8.0)],
+        ("decoder", "static-4"): [(4.5, 8.5)],
+        # Each round 0.2 s cheaper than its calls priced apart (target, then 0.2 s per draft).
+        ("decoder", "disco-8"): [(1.5, 9.0)], ("decoder", "disco-8/4"): [(3.6, 9.5)],
+        ("decoder", "disco-8/1,4"): [(2.55, 9.2)],
+    }  # fmt: skip
+    calls = _BY_HAND_CALLS
+    costs = timing.call_costs(seconds, calls, gamma)
+    assert costs["spec_round"]["disco-8"] == pytest.approx(-200.0)  # A calibration, not 0.
+    assert costs["per_draft"]["disco-8"] == pytest.approx(0.0, abs=1e-9)
+    assert costs["switch"]["disco-8"] == pytest.approx(0.0, abs=1e-9)
+    # A run of a round of 1 draft, then one of 4 (a switch): 9 s fixed + the two timed rounds.
+    policy = Lookahead("disco", 8)
+    modeled = timing.modeled_latency_ms(policy, [0, 1, 0, 0, 1], 5, 7, costs, switches=1)
+    assert modeled == pytest.approx((9e3 + 1.5e3 + 3.6e3) / 7)
+    # Rounds timed absurdly cheap (noise) are floored: a draft call and a round cost >= 0.
+    cheap = {**seconds, **{("decoder", k): [(0.1, 9.0)] for k in calls if "disco" in k}}
+    costs = timing.call_costs(cheap, calls, gamma)
+    assert costs["per_draft"]["disco-8"] == pytest.approx(-200.0)  # -(a draft call).
+    assert costs["spec_round"]["disco-8"] == pytest.approx(-1e3)  # -(the cheapest target call).
+    assert costs["switch"]["disco-8"] >= 0.0
+    assert timing.modeled_latency_ms(policy, [0, 1, 0, 0, 1], 5, 7, costs, switches=1) > 0
