@@ -450,15 +450,17 @@ def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict]
     # A timed round <= 0 is noise (a tiny pair's difference of a long and a short run under
     # load): such a program is priced from its calls instead.
     static_round = {k: v for k, v in static_round.items() if v > 0}
-    cheapest_target, cheapest_draft = min(map(ms, target.values())), min(ms(first), ms(later))
+    target_ms = {w: ms(s) for w, s in sorted(target.items())}
+    draft_ms = {1: ms(later), 2: ms(first)}
+    cheapest_target, cheapest_draft = min(target_ms.values()), min(draft_ms.values())
     for key in [k for k in calls if k != "plain" and "/" not in k and not k.startswith("static-")]:
         timed_rounds = [key] + [k for k in calls if k.startswith(key + "/")]
         work = np.array([own_work(k, round_calls(k)) for k in timed_rounds])  # [rounds, repeats]
         done = np.array([[calls[k]["draft_calls"], calls[k]["switches"]] for k in timed_rounds])
         if len(timed_rounds) == 3:  # Per round + per draft x drafts + per switch x switches.
             terms = np.linalg.lstsq(np.c_[np.ones(3), done], work, rcond=None)[0][1:]
-            per_draft[key], switch[key] = (float(average(t)) for t in terms)
-            per_draft[key] = max(per_draft[key], -cheapest_draft)  # A draft call costs >= 0.
+            draft_work, switch[key] = (float(average(t)) for t in terms)
+            per_draft[key] = max(draft_work, -cheapest_draft)  # A draft call costs >= 0.
         else:  # Rounds of one draft call only: the static loop's work per draft.
             per_draft[key], switch[key] = per_draft["static"], 0.0
         held = work[0] - per_draft[key] * done[0, 0] - switch[key] * done[0, 1]
@@ -466,8 +468,8 @@ def call_costs(seconds: Mapping[tuple, Sequence[Any]], calls: Mapping[str, dict]
         switch[key] = max(switch[key], -cheapest_target - spec_round[key])  # switching or not.
         fixed[key] = ms([run[1] for run in seconds["decoder", key]])
     return {
-        "target": {w: ms(s) for w, s in sorted(target.items())},
-        "draft": {1: ms(later), 2: ms(first)},
+        "target": target_ms,
+        "draft": draft_ms,
         "draft_isolated": {w: ms(seconds["draft", w]) for w in (1, 2)},
         "round": max(average(plain), 0.0),
         "per_draft": per_draft,
