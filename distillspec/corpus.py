@@ -258,7 +258,7 @@ def build_code_corpus(
     return corpus
 
 
-def _chunk_lines(lines: Sequence[str], chunk_chars: int) -> list[str]:
+def chunk_lines(lines: Sequence[str], chunk_chars: int) -> list[str]:
     """Greedily packs whole lines into chunks of at most ~`chunk_chars` characters."""
     chunks, current, size = [], [], 0
     for line in lines:
@@ -303,7 +303,7 @@ def build_lm_corpus(
                 held_out.update(range(ex.start_line - 1, ex.end_line))
         kept = [line for i, line in enumerate(lines) if i not in held_out]
         split = "train" if split_for_key("lm::" + rel) == "train" else "validation"
-        corpus[split].extend(_chunk_lines(kept, chunk_chars))
+        corpus[split].extend(chunk_lines(kept, chunk_chars))
     return corpus
 
 

@@ -13,6 +13,7 @@ touches the JAX backend.
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import inspect
 import os
@@ -25,7 +26,7 @@ from typing import Any
 
 import gin
 
-from distillspec import datagen, distributed, tasks, trainer
+from distillspec import console, datagen, distributed, tasks, trainer
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
 from distillspec.models.drafts import DraftSpec
 from distillspec.runs import disco, evaluate, quickstart, train
@@ -109,8 +110,8 @@ def main(name: str, argv: list[str] | None = None) -> Any:
     """`python -m distillspec.<name>`: parses the flags (`parse_command_line`), runs `name`.
 
     With --multiprocess, joins the other processes first (`distributed.initialize`). A run
-    stopped by a preemption request (SIGTERM) has saved a checkpoint: it says so and returns
-    normally (exit status 0); the same command resumes it.
+    stopped by a preemption request (SIGTERM) has saved a checkpoint: it says so and exits
+    with status `trainer.PREEMPTED_EXIT_CODE` (75); the same command resumes it.
     """
     args = parse_command_line(list(argv if argv is not None else sys.argv[1:]), name)
     if args.multiprocess:
@@ -119,7 +120,7 @@ def main(name: str, argv: list[str] | None = None) -> Any:
         return run_function(name)()
     except trainer.Preempted as e:
         print(e, file=sys.stderr)
-        return None
+        sys.exit(trainer.PREEMPTED_EXIT_CODE)
 
 
 def check_multiprocess_run(name: str) -> None:
@@ -146,7 +147,7 @@ def _main_multiprocess(name: str, args: argparse.Namespace) -> Any:
         return run_function(name)()
     except trainer.Preempted as e:
         print(e, file=sys.stderr)
-        return None
+        sys.exit(trainer.PREEMPTED_EXIT_CODE)
     except BaseException:
         # Exiting normally would wait in jax.distributed's shutdown barrier for processes
         # that may be stuck in a collective with this one; leave at once instead.
@@ -201,6 +202,10 @@ def parse_command_line(argv: list[str], run_name: str) -> argparse.Namespace:
     parser.add_argument("--gin_file", action="append", default=[], help="gin config file(s)")
     parser.add_argument("--gin_search_paths", default="", help="comma-separated directories")
     parser.add_argument("--tfds_data_dir", default=None, help="prepared TFDS data sets")
+    parser.add_argument(
+        console.VERBOSE_FLAG, action="store_true",
+        help="keep TensorFlow's, absl's and SentencePiece's start-up logs",
+    )  # fmt: skip
     _add_multiprocess_flags(parser)
     args, rest = parser.parse_known_args(argv)
     unknown = [a for a in rest if not a.startswith("--gin.")]
@@ -217,6 +222,7 @@ def parse_command_line(argv: list[str], run_name: str) -> argparse.Namespace:
     load_config(args.gin_file, bindings, args.gin_search_paths.split(","))
     # gin does not notice a macro left at %gin.REQUIRED (it passes a bare `object()` on, which
     # fails far from the cause, e.g. "expected str ... not object"); name it here instead.
+    check_macros_referenced([flag[len("--gin.") :].split("=", 1)[0] for flag in rest])
     missing = unbound_required()
     if missing:
         raise ValueError(
@@ -225,6 +231,46 @@ def parse_command_line(argv: list[str], run_name: str) -> argparse.Namespace:
             + " (the run file's header lists what each one is)"
         )
     return args
+
+
+def _macro_references(value: Any, found: set[str]) -> set[str]:
+    """Adds the names of the macros `value` (a bound value, possibly nested) refers to."""
+    if isinstance(value, gin.config.ConfigurableReference):
+        scoped = value._scoped_selector  # 'NAME/gin.macro' for %NAME.
+        if scoped.endswith("/gin.macro"):
+            found.add(scoped[: -len("/gin.macro")].rsplit("/", 1)[-1])
+    elif isinstance(value, dict):
+        for item in value.values():
+            _macro_references(item, found)
+    elif isinstance(value, (list, tuple, set)):
+        for item in value:
+            _macro_references(item, found)
+    return found
+
+
+def check_macros_referenced(names: list[str]) -> None:
+    """Raises ValueError naming each macro of `names` (bound on the command line) that no
+    binding refers to (%NAME).
+
+    gin accepts `--gin.TRAIN_STEP=2` (a typo of TRAIN_STEPS) as a new macro nothing reads, so
+    the run would silently train the default number of steps; the closest macro that is
+    referenced is named instead. (Config files may bind macros a later binding makes unused,
+    e.g. STUDENT when train.student is bound directly, so only the command line's are checked.)
+    """
+    config = gin.config._CONFIG
+    referenced: set[str] = set()
+    for bindings in config.values():
+        _macro_references(bindings, referenced)
+    unused = sorted({n for n in names if "." not in n and "/" not in n} - referenced)
+    if unused:
+        hints = []
+        for name in unused:
+            close = difflib.get_close_matches(name, sorted(referenced), n=1, cutoff=0.6)
+            hints.append(f"{name}" + (f" (did you mean {close[0]}?)" if close else ""))
+        raise ValueError(
+            f"gin macro(s) bound but never used by the configuration: {', '.join(hints)}; "
+            f"the macros this configuration reads: {', '.join(sorted(referenced))}"
+        )
 
 
 _REQUIRED_BINDING = re.compile(r"^([\w./]+) = %gin\.REQUIRED$", re.MULTILINE)

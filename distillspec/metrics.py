@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -152,6 +153,39 @@ class _EventWriter:
         self._writer.close()
 
 
+class LineProgress:
+    """Training progress as a log line every `lines`-th of the run and at its end, for output
+    that is not a terminal; the same calls as the tqdm bar it stands in for."""
+
+    def __init__(self, total: int, initial: int = 0, lines: int = 20):
+        self.total, self.n, self._initial = total, initial, initial
+        self._every = max(1, total // lines)
+        self._loss = None
+        self._started = time.monotonic()
+
+    def set_postfix(self, loss: str, refresh: bool = False) -> None:
+        self._loss = loss
+
+    def update(self, n: int) -> None:
+        if n <= 0:
+            return
+        self.n += n
+        if self.n % self._every and self.n != self.total:
+            return
+        rate = (self.n - self._initial) / max(time.monotonic() - self._started, 1e-9)
+        eta = (self.total - self.n) / rate if rate > 0 else float("nan")
+        loss = f" loss {self._loss}," if self._loss is not None else ""
+        print(
+            f"[train] step {self.n}/{self.total} ({100 * self.n // max(self.total, 1)}%):{loss} "
+            f"{rate:.2f} step/s, ETA {eta:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def close(self) -> None:
+        pass
+
+
 class MetricsLogger:
     """Writes each step's scalar metrics to metrics.jsonl, TensorBoard and the console.
 
@@ -184,15 +218,15 @@ class MetricsLogger:
         self._file = open(_metrics_path(model_dir), "a")
         self._events = _EventWriter(os.path.join(model_dir, TENSORBOARD_SUBDIR))
         self._bar = None
-        if console:
+        if console and sys.stderr.isatty():
             # tqdm's rate counts only updates made here, so steps/s and ETA are right on resume.
+            # miniters/mininterval: every update draws once (the trainer logs every step).
             self._bar = tqdm.tqdm(
-                total=total_steps,
-                initial=start_step,
-                unit="step",
-                file=sys.stderr,
-                dynamic_ncols=True,
-            )
+                total=total_steps, initial=start_step, unit="step", file=sys.stderr,
+                dynamic_ncols=True, miniters=1, mininterval=0,
+            )  # fmt: skip
+        elif console:  # A file or a pipe: log lines, not a bar redrawn with carriage returns.
+            self._bar = LineProgress(total_steps, start_step)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Records scalar `metrics` for `step` (values: Python, NumPy or JAX scalars).
@@ -215,9 +249,6 @@ class MetricsLogger:
         if "loss" in scalars:
             self._bar.set_postfix(loss=f"{scalars['loss']:.4g}", refresh=False)
         self._bar.update(max(0, min(step, self._bar.total) - self._bar.n))
-        # Redrawn on every call (update alone redraws at most every 0.1 s): the trainer already
-        # logs only every few steps.
-        self._bar.refresh()
 
     def close(self) -> None:
         """Flushes and closes all outputs."""

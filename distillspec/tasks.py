@@ -26,11 +26,13 @@ Vocabularies are in `distillspec.vocabularies`; fixed-shape prompt batches of a 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import seqio
@@ -405,6 +407,8 @@ def _jsonl_examples(path: str, task: FileTask) -> list[dict[str, str]]:
                 )
             rows.append((number, obj))
     with_completion = [n for n, obj in rows if task.completion_key in obj]
+    if rows and not with_completion:
+        _notice_prompts_only(path, task, rows)
     if with_completion and len(with_completion) != len(rows):
         missing = next(n for n, obj in rows if task.completion_key not in obj)
         raise ValueError(
@@ -415,6 +419,20 @@ def _jsonl_examples(path: str, task: FileTask) -> list[dict[str, str]]:
         {"inputs": obj[task.prompt_key], "targets": str(obj.get(task.completion_key, ""))}
         for _, obj in rows
     ]
+
+
+def _notice_prompts_only(path: str, task: FileTask, rows) -> None:
+    """One line saying a JSONL file is read as prompts only, naming the keys it does have (a
+    misspelled completion key would otherwise turn reference data into prompts-only data)."""
+    keys = sorted({k for _, obj in rows for k in obj} - {task.prompt_key})
+    close = difflib.get_close_matches(task.completion_key, keys, n=1, cutoff=0.5)
+    hint = f"; did you mean FileTask.completion_key = {close[0]!r}?" if close else ""
+    print(
+        f"[data] {path}: no line has the completion key {task.completion_key!r}, so it is read "
+        f"as prompts only (other keys: {keys[:8]}){hint}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _text_examples(path: str) -> list[dict[str, str]]:
@@ -460,7 +478,7 @@ def read_file_task(task: FileTask) -> dict[str, dict[str, list[str]]]:
 
 
 def has_completions(task: FileTask) -> bool:
-    """Whether a FileTask gives reference completions (False: prompts only)."""
+    """Whether a FileTask gives reference completions (False: JSONL prompts only)."""
     data = read_file_task(task)
     rows = [t for split in data.values() for t in split["targets"]]
     return "inputs" not in data["train"] or any(t for t in rows)

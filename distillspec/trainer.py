@@ -324,6 +324,13 @@ def evaluate_student(models: Models, params, prompts, config: EvalConfig, eos_id
     return {"eval_alpha": accepted / max(drafted, 1.0), "eval_tau": tokens / max(calls, 1.0)}
 
 
+# The exit status of a run stopped by a preemption request after saving its checkpoint:
+# sysexits.h's EX_TEMPFAIL ("temporary failure; the user is invited to retry"), distinct from
+# success (0, nothing left to do) and from errors (1), so a scheduler's wrapper can requeue on
+# it (scripts/slurm/distill.sbatch does). Rerunning the same command resumes.
+PREEMPTED_EXIT_CODE = 75
+
+
 class Preempted(Exception):
     """Training stopped early on a preemption request (SIGTERM), after saving a checkpoint."""
 
@@ -438,6 +445,22 @@ def _with_cached_teacher(batch, topk, data: datagen.ShardedData, step: int, loop
     return {**batch, **topk.rows(indices, store.prompt_lengths[indices], length)}
 
 
+def _report_start(description: str, start: int, train_steps: int, model_dir: str, primary: bool):
+    """One line (process 0): what is trained, fresh or resumed from which step."""
+    if start > train_steps:
+        raise ValueError(
+            f"{model_dir}/checkpoints holds step {start}, past TRAIN_STEPS = {train_steps}: "
+            "raise TRAIN_STEPS (LoopConfig.train_steps) to train on, or use another MODEL_DIR"
+        )
+    if primary:
+        where = (
+            f"resuming from step {start} of {train_steps} ({model_dir}/checkpoints)"
+            if start
+            else f"starting fresh: {train_steps} steps into {model_dir}"
+        )
+        print(f"[train] {description}; {where}", file=sys.stderr, flush=True)
+
+
 class _NoLogger:
     """What processes other than 0 log to: nothing."""
 
@@ -466,6 +489,7 @@ def fit(
     eval_prompts=(),
     eval_max_new_tokens: int = 64,
     teacher_topk: teacher_cache.TeacherTopK | None = None,
+    description: str = "training",
 ):
     """Trains the student from `params`, or resumes from MODEL_DIR's latest checkpoint.
 
@@ -477,7 +501,9 @@ def fit(
 
     With `evaluation.enabled` (one process, one device, a teacher), the student is also
     evaluated as a draft on `eval_prompts` (prompt batches) every `evaluation.period` steps,
-    generating up to `eval_max_new_tokens` tokens (see `EvalConfig`). With `teacher_topk`
+    generating up to `eval_max_new_tokens` tokens (see `EvalConfig`). Process 0 prints one line
+    at the start: `description` (what is trained on what), then whether it starts fresh or
+    resumes, from which step. With `teacher_topk`
     (one process, one data shard), steps whose every row is fixed data read the teacher's
     cached top-k instead of running the teacher (`teacher_cache`).
 
@@ -496,6 +522,7 @@ def fit(
     start, restored = 0, ckpt.restore_latest(state)
     if restored is not None:
         start, state = restored
+    _report_start(description, start, loop.train_steps, model_dir, primary)
     step_fn = compile_train_step(models.student, models.teacher, loss, optimizer, shardings, mesh)
     make_batch = compile_step_batch(models, mixture, eos_id, mesh)
     schedule = make_schedule(optimizer_config, loop.train_steps)

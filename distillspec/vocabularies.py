@@ -15,7 +15,7 @@ import os
 import pathlib
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -336,6 +336,50 @@ def _tokenizer_file(directory: str) -> str | None:
         if os.path.isfile(path):
             return path
     return None
+
+
+def token_strings(path: str) -> list[str | None]:
+    """The token of each id of a tokenizer file (tokenizer.json or a SentencePiece model),
+    for comparing two tokenizers' vocabularies rather than their sizes."""
+    if path.endswith(".json"):
+        vocab = HFTokenizerVocabulary(path, eos_id=None, bos_id=None)._tokenizer.get_vocab()
+        out: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)
+        for token, i in vocab.items():
+            out[i] = token
+        return out
+    model = spm.SentencePieceProcessor(model_file=path)
+    return [model.id_to_piece(i) for i in range(model.get_piece_size())]
+
+
+def check_same_vocabulary(checkpoints_by_name: Mapping[str, str | None]) -> None:
+    """Checkpoint directories that hold tokenizer files must hold the same vocabulary (the
+    same token at every id); else ValueError naming both files and how many ids agree.
+
+    Two tokenizers of one size with the same special ids still map most ids to other tokens,
+    and speculative decoding compares the models' distributions id by id: such a draft
+    accepts almost nothing, so its alpha would be a wrong number, not a measurement.
+    """
+    files = {
+        name: found
+        for name, path in checkpoints_by_name.items()
+        if path and os.path.isdir(path) and (found := _tokenizer_file(path)) is not None
+    }
+    if len(files) < 2:
+        return
+    (first, first_file), *rest = files.items()
+    reference = token_strings(first_file)
+    for name, path in rest:
+        tokens = token_strings(path)
+        if tokens == reference:
+            continue
+        agree = sum(a == b for a, b in zip(tokens, reference))
+        raise ValueError(
+            f"the tokenizers differ: {name} has {path} ({len(tokens)} ids) and {first} has "
+            f"{first_file} ({len(reference)} ids), which give the same token for only {agree} "
+            "ids; speculative decoding and distillation compare the models id by id, so the "
+            f"{name} must use the {first}'s tokenizer (a draft trained with "
+            "train.teacher_checkpoint = the target exports the target's tokenizer)"
+        )
 
 
 def load_tokenizer(spec: str | seqio.Vocabulary | None, checkpoint: str | None = None) -> Tokenizer:

@@ -17,7 +17,7 @@
 #   --dry_run         print the N commands and exit
 # COMMAND defaults to `$PYTHON -m distillspec.train` (PYTHON defaults to python), followed by
 # the arguments. SIGTERM or SIGINT to this script is passed on to every process as SIGTERM (a
-# preemption: they checkpoint and exit 0). The exit status is 0 if every process exits 0, else
+# preemption: they checkpoint and exit 75). The exit status is 0 if every process exits 0, else
 # the first failure's. Use it for tests and a single multi-GPU machine; a cluster's scheduler
 # (scripts/slurm/, scripts/tpu/) starts the processes itself.
 set -euo pipefail

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from distillspec import gin_setup, metrics, quickstart
+from distillspec import gin_setup, metrics, quickstart, trainer
 from distillspec.models import from_pretrained
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -165,7 +165,7 @@ def first_runs(tmp_path_factory, env) -> tuple[pathlib.Path, dict[str, tuple[int
         command = [*python, "--multiprocess", port, "--process_count=2", f"--process_index={index}"]
         return command + flags, two, root / f"seed_{index}.log"
 
-    # SIGTERM to process 1 after step 2: both processes save at a step they agree on, exit 0.
+    # SIGTERM to process 1 after step 2: both processes save at a step they agree on, exit 75.
     term = dict(env, SIGNAL_STEP="2", SIGNAL_NAME="SIGTERM")
     runs = {
         "one": ([*python, *_train_flags(root / "one")], four, root / "one.log"),
@@ -204,7 +204,7 @@ def test_preempted_then_killed_run_resumes_to_the_uninterrupted_losses(tmp_path,
     model_dir = root / "interrupted"
     # The first leg (in first_runs): SIGTERM to process 1 after step 2.
     status, output, _ = runs["term"]
-    assert status == 0, output[-4000:]
+    assert status == trainer.PREEMPTED_EXIT_CODE, output[-4000:]  # Passed on by the launcher.
     saved = sorted(int(s) for s in os.listdir(model_dir / "checkpoints"))
     stopped = saved[-1]  # The preemption's save; the periodic one at step 4 may precede it.
     assert 2 < stopped < 8 and set(saved) <= {4, stopped}, saved
@@ -353,3 +353,16 @@ def test_slurm_script_dry_run_prints_srun():
         "srun", "--kill-on-bad-exit=1", "--gpus-per-task=1", "python", "-m",
         "distillspec.train", "--multiprocess", "--gin_file=x.gin",
     ]  # fmt: skip
+
+
+def test_slurm_script_requeues_a_preempted_job(tmp_path):
+    """A run that exits with the preemption status (75) is requeued; others are not."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f"#!/bin/sh\nexit {trainer.PREEMPTED_EXIT_CODE}\n")
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/scontrol.txt\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="42")
+    run = subprocess.run(["bash", SCRIPTS[2], "--gin_file=x.gin"], env=env, capture_output=True)
+    assert run.returncode == 75 and (tmp_path / "scontrol.txt").read_text() == "requeue 42\n"

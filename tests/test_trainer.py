@@ -374,8 +374,10 @@ def test_sigterm_saves_at_the_step_boundary_and_the_same_command_resumes(
 
     monkeypatch.setattr(trainer, "check_finite", check_then_terminate)
     handler = signal.getsignal(signal.SIGTERM)
-    # The command line returns normally (exit status 0) after saving step 2.
-    assert gin_setup.main("train", _cli(model_dir)) is None
+    # The command line exits with the preemption status (75) after saving step 2.
+    with pytest.raises(SystemExit) as stopped:
+        gin_setup.main("train", _cli(model_dir))
+    assert stopped.value.code == trainer.PREEMPTED_EXIT_CODE == 75
     assert "preempted: saved checkpoint step 2" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) == handler  # The run's own handler is gone.
     assert os.listdir(model_dir / "checkpoints") == ["2"]

@@ -360,4 +360,5 @@ def test_gpt2_draft_keeps_the_targets_eos(world, tmp_path):
     export = str(tmp_path / "run" / "export")
     draft = transformers.AutoModelForCausalLM.from_pretrained(export)
     assert draft.config.model_type == "gpt2" and draft.generation_config.eos_token_id == 2
-    assert draft.config.n_layer == 1 and draft.config.n_embd == 32
+    # Its width is chosen for the target (at most 1/10 of its parameters), not the target's 32.
+    assert draft.config.n_layer == 1 and draft.config.n_embd < 32

@@ -39,6 +39,7 @@ import numpy as np
 from distillspec import checks, datagen, losses
 from distillspec.checks import shared_vocab_size
 from distillspec.decoding import DecodeResult, generate, speculative_generate
+from distillspec.evaluation import costs as call_costs
 from distillspec.evaluation.timing import interleaved_items
 from distillspec.feature_converters import decodable, valid_rows
 from distillspec.sampling import SamplingConfig, logits_to_probs
@@ -64,6 +65,9 @@ RECORD_KEYS = (
     "tokens_per_s",
     "target_tokens_per_s",
     "mean_tvd",
+    "c",
+    "r_gamma",
+    "speedup_ideal",
 )
 
 
@@ -378,6 +382,19 @@ def evaluate_drafts(
     common = dict(max_new_tokens=grid.max_new_tokens, eos_id=eos_id, vocab_size=vocab_size)
     singles = latency_batches(batches, grid.latency_prompts)
     records, tvd_cache = [], {}
+    costs = {
+        name: call_costs.measure(
+            target,
+            target_params,
+            draft,
+            draft_params,
+            batches[0]["prompt_tokens"],
+            batches[0]["prompt_lengths"],
+            grid.gammas,
+            grid.max_new_tokens,
+        )  # fmt: skip
+        for name, (draft, draft_params) in drafts.items()
+    }
     total = len(drafts) * len(grid.gammas) * len(grid.temperatures)
     for temperature in grid.temperatures:
         sampling = SamplingConfig(temperature=temperature)
@@ -401,6 +418,9 @@ def evaluate_drafts(
                 )
                 record.update(batch1_latency(plain_fn, spec_fn, singles, grid.timing_repeats)[0])
                 record = {"draft": name, "gamma": gamma, "temperature": temperature, **record}
+                c, r_gamma = costs[name]["c"], costs[name]["r_gamma"][gamma]
+                ideal = call_costs.ideal_speedup(record["tau"], gamma, c, r_gamma)
+                record.update(c=c, r_gamma=r_gamma, speedup_ideal=ideal)
                 record.update(task=task, split=split, max_new_tokens=grid.max_new_tokens)
                 record = {key: record[key] for key in RECORD_KEYS}  # Fixed key order.
                 if grid.per_prompt:
@@ -409,6 +429,12 @@ def evaluate_drafts(
                     record["tau_per_prompt"] = (tokens / np.maximum(calls, 1.0)).tolist()
                 records.append(record)
                 _report_progress(record, len(records), total)
+    for name in drafts:
+        taus = {}
+        for r in records:
+            if r["draft"] == name:
+                taus[r["gamma"]] = max(taus.get(r["gamma"], 0.0), r["tau"])
+        print(f"[evaluate] {call_costs.verdict(name, costs[name], taus)}", file=sys.stderr)
     return records
 
 

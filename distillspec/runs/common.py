@@ -11,7 +11,12 @@ import numpy as np
 from distillspec import checkpoints, tasks
 from distillspec.feature_converters import prompt_batches
 from distillspec.models import load_checkpoint, save_pretrained
-from distillspec.vocabularies import Tokenizer, checkpoint_special_ids, load_tokenizer
+from distillspec.vocabularies import (
+    Tokenizer,
+    check_same_vocabulary,
+    checkpoint_special_ids,
+    load_tokenizer,
+)
 
 
 def check_models_serve(
@@ -52,7 +57,8 @@ def check_models_serve(
 def check_special_tokens(checkpoints_by_name: Mapping[str, str | None]) -> None:
     """Checkpoints that state special token ids (config.json / generation_config.json) must
     state the same ones: a draft trained to stop on another EOS than its target's would draft
-    past the end."""
+    past the end. Checkpoints with tokenizer files must also hold the same vocabulary
+    (`vocabularies.check_same_vocabulary`)."""
     stated = {
         name: checkpoint_special_ids(path)
         for name, path in checkpoints_by_name.items()
@@ -65,6 +71,7 @@ def check_special_tokens(checkpoints_by_name: Mapping[str, str | None]) -> None:
                 f"the checkpoints disagree on {key}_token_id: {values}; target and draft must "
                 "share one tokenizer and its special tokens"
             )
+    check_same_vocabulary(checkpoints_by_name)
 
 
 def export(model, params, tokenizer: Tokenizer, directory: str) -> None:
@@ -76,11 +83,12 @@ def export(model, params, tokenizer: Tokenizer, directory: str) -> None:
 
 def open_run(
     run: str, output_dir, target_checkpoint, drafts, vocabulary, eval_sets, vocab_size,
-    tfds_data_dir,
+    tfds_data_dir, references: bool = False,
 ):  # fmt: skip
     """A run function's common start: checks OUTPUT_DIR, drafts and eval sets (before any
     model is loaded), loads the tokenizer, target and drafts, checks that they serve each
-    other, registers the eval sets.
+    other, registers the eval sets. references: the run scores the eval sets' reference
+    completions (evaluate's quality), so prompts-only data is an error.
 
     Returns:
       (tokenizer, target model, target params, {draft name: (model, params)},
@@ -90,6 +98,13 @@ def open_run(
     if not drafts:
         raise ValueError(f"{run} needs at least one draft: drafts = {{name: checkpoint_dir}}")
     sets = [(tasks.as_task(task), split) for task, split in eval_sets]
+    for task, _ in sets if references else ():
+        if isinstance(task, tasks.FileTask) and not tasks.has_completions(task):
+            raise ValueError(
+                f"{task.path!r} holds prompts only (no {task.completion_key!r} key), but "
+                f"{run}'s quality table scores reference completions: give them under that key "
+                f"(or set FileTask.completion_key), or set {run}.quality = False"
+            )
     tokenizer = load_tokenizer(vocabulary, target_checkpoint)
     check_special_tokens({"target": target_checkpoint, **drafts})
     target, target_params = load_checkpoint(target_checkpoint)
@@ -111,7 +126,9 @@ def prompt_sets(
     batch_size: int, bos_id: int | None = None,
 ) -> dict[tuple[str, str], list[dict[str, np.ndarray]]]:  # fmt: skip
     """{(task, split): [prompt batches]} holding the first num_prompts prompts of each set
-    (a prompt truncated from the left keeps its BOS `bos_id`)."""
+    (a prompt truncated from the left keeps its BOS `bos_id`). Rows past num_prompts in the
+    last batch are marked invalid ('valid' False), so every figure counts exactly the prompts
+    asked for (or all the split has, if fewer)."""
     sets: dict[tuple[str, str], Any] = {}
     for task, split in eval_sets:
         batches, seen = [], 0
@@ -124,8 +141,10 @@ def prompt_sets(
             shuffle=False,
             bos_id=bos_id,
         ):
-            batches.append(batch)
-            seen += int(batch["valid"].sum())
+            valid = np.asarray(batch["valid"]).astype(bool)
+            valid &= np.cumsum(valid) <= num_prompts - seen
+            batches.append({**batch, "valid": valid.astype(np.asarray(batch["valid"]).dtype)})
+            seen += int(valid.sum())
             if seen >= num_prompts:
                 break
         sets[(task, split)] = batches

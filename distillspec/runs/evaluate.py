@@ -107,7 +107,7 @@ def evaluate(
     )  # fmt: skip
     tokenizer, target, target_params, models, names = open_run(
         "evaluate", output_dir, target_checkpoint, drafts, vocabulary, eval_sets, vocab_size,
-        tfds_data_dir,
+        tfds_data_dir, references=quality,
     )  # fmt: skip
     target, target_params = for_decoding(target, target_params, dtype, cache_dtype)
     models = {name: for_decoding(*pair, dtype, cache_dtype) for name, pair in models.items()}

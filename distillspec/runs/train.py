@@ -21,8 +21,10 @@ transformers).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import time
 from collections.abc import Mapping
 
 import jax
@@ -32,15 +34,17 @@ from distillspec import (
     checkpoints,
     datagen,
     distributed,
+    metrics,
     partitioning,
     tasks,
     teacher_cache,
     trainer,
 )
+from distillspec.evaluation import costs as call_costs
 from distillspec.feature_converters import prompt_batches, valid_rows
 from distillspec.models import load_checkpoint
 from distillspec.models.base import TruncatedVocabulary
-from distillspec.models.drafts import DraftSpec, make_draft
+from distillspec.models.drafts import DraftSpec, make_draft, num_params
 from distillspec.runs.common import check_models_serve, check_special_tokens, export, prompt_sets
 from distillspec.vocabularies import Tokenizer, load_tokenizer
 
@@ -208,16 +212,9 @@ def _eval_prompts(task: str, evaluation: trainer.EvalConfig, lengths, bos_id) ->
         [(task, evaluation.split)], lengths, evaluation.num_prompts,
         min(evaluation.num_prompts, 16), bos_id,
     )[(task, evaluation.split)]  # fmt: skip
-    keep, batches = evaluation.num_prompts, list(batches)
-    out = []
-    for batch in batches:  # Exactly num_prompts rows are counted.
-        valid = valid_rows(batch).astype(bool)
-        ranks = np.cumsum(valid)
-        out.append({**batch, "valid": valid & (ranks <= keep)})
-        keep -= int(out[-1]["valid"].sum())
-    if not any(b["valid"].any() for b in out):
+    if not any(valid_rows(b).any() for b in batches):
         raise ValueError(f"task {task!r} split {evaluation.split!r} has no prompts to evaluate")
-    return out
+    return batches
 
 
 def example_store(task, split, lengths, max_examples, batch_size, bos_id, shard=0, num_shards=1):
@@ -332,6 +329,50 @@ def train(
       The student's final parameters.
     """
     checkpoints.check_writable(model_dir)
+    # A second run into the same MODEL_DIR stops here, naming the process that holds it.
+    lock = checkpoints.model_dir_lock if distributed.is_primary() else _no_lock
+    with lock(model_dir):
+        return _train(**{k: v for k, v in locals().items() if k != "lock"})
+
+
+@contextlib.contextmanager
+def _no_lock(model_dir: str):
+    yield
+
+
+def _describe(student_model, teacher_model, task, split, loss: trainer.LossConfig) -> str:
+    """'distilling a draft of 0.15 M parameters toward a target of 2.75 M (forward KL) on X'."""
+    size = lambda model: f"{num_params(model) / 1e6:.2f} M parameters"
+    data = getattr(task, "path", None) or getattr(task, "tfds_name", None) or task
+    if teacher_model is None:
+        return f"pretraining a model of {size(student_model)} on {data} ({split})"
+    return (
+        f"distilling a draft of {size(student_model)} toward a target of "
+        f"{size(teacher_model)} ({loss.divergence}) on {data} ({split})"
+    )
+
+
+def _report_end(model_dir: str, started: float) -> None:
+    """One line: where the export went, the final loss, the time."""
+    if not distributed.is_primary():
+        return
+    losses = [r for r in metrics.read_metrics(model_dir) if "loss" in r]
+    final = f"step {losses[-1]['step']}, final loss {losses[-1]['loss']:.4g}" if losses else ""
+    print(
+        f"[train] done in {time.monotonic() - started:.0f} s ({final or 'no step trained'}); "
+        f"student exported to {os.path.join(model_dir, EXPORT_SUBDIR)}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _train(
+    model_dir, task, split, task_feature_lengths, student, student_checkpoint, teacher,
+    teacher_checkpoint, teacher_seed, loop, loss, optimizer, mixture, evaluation, teacher_top_k,
+    teacher_cache_dir, mesh_shape, fsdp, vocabulary, vocab_size, max_examples, tfds_data_dir,
+    console, config_text,
+):  # fmt: skip
+    started = time.monotonic()
     _check_run_args(max_examples, loop, mesh_shape)
     _check_same_everywhere(config_text, loop, teacher_seed)
     task = tasks.as_task(task)  # An unknown task or missing file fails before any model loads.
@@ -369,6 +410,22 @@ def train(
         evaluation=evaluation, eval_max_new_tokens=task_feature_lengths["targets"],
         eval_prompts=_eval_prompts(name, evaluation, task_feature_lengths, tokenizer.prompt_bos),
         teacher_topk=_teacher_topk(teacher_top_k, models, data, teacher_cache_dir),
+        description=_describe(student_model, teacher_model, task, split, loss),
     )  # fmt: skip
     _export(student_model, params, tokenizer, model_dir)
+    _report_end(model_dir, started)
+    if teacher_model is not None and not multi:
+        _report_costs(models, params, task_feature_lengths)
     return params
+
+
+def _report_costs(models: trainer.Models, params, lengths: Mapping[str, int]) -> None:
+    """One line after a distillation: the draft's measured call cost c and the acceptance
+    rate it needs to speed decoding up (or that it cannot, and what helps)."""
+    prompt_length = lengths["inputs"]
+    costs = call_costs.measure(
+        models.teacher, models.teacher_params, models.student, params,
+        np.ones((1, prompt_length), np.int32), np.array([prompt_length], np.int32),
+        gammas=(3, 5), max_new_tokens=lengths["targets"],
+    )  # fmt: skip
+    print(f"[train] {call_costs.break_even_line(costs)}", file=sys.stderr, flush=True)

@@ -8,7 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from distillspec import gin_setup
+from distillspec import console
+
+console.quiet_startup()  # Before anything imports TensorFlow.
+
+from distillspec import gin_setup  # noqa: E402
 
 GIN_FILE = str(gin_setup.CONFIGS_DIR / "experiments" / "study_quickstart.gin")
 

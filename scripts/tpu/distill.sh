@@ -20,8 +20,8 @@
 #
 # MODEL_DIR and the checkpoints it reads must be one directory every worker sees (e.g. a
 # Cloud Storage bucket mounted with gcsfuse at the same path, or Filestore). A preempted spot
-# slice sends SIGTERM: every worker saves a checkpoint and exits 0; recreate the slice and run
-# the same `train` step to resume. --dry_run prints the gcloud commands without running them.
+# slice sends SIGTERM: every worker saves a checkpoint and exits 75 (preempted: rerun to
+# resume); recreate the slice and run the same `train` step to resume. --dry_run prints the gcloud commands without running them.
 set -euo pipefail
 
 DRY_RUN=0

@@ -1,0 +1,122 @@
+"""The cost side of speculative decoding at batch 1: c, r_gamma and the ideal speed-up S*.
+
+  c        = a draft call / a target call, one position each (a decode step at batch 1)
+  r_gamma  = a target call scoring gamma + 1 positions / one scoring 1 position
+  S*       = tau / (gamma * c + r_gamma): the speed-up a round of gamma drafts can give at block
+             efficiency tau, were the decoder's own work free (GUIDE.md section 4; Leviathan et
+             al.'s formula with r_gamma = 1, true only where decoding is memory-bound)
+
+Measured with `timing.step_timer` (jitted loops of calls, prefill and dispatch cancelled) on one
+prompt, the timers interleaved and their medians taken. A draft whose S* stays below 1 at
+every gamma cannot win whatever it accepts; `verdict` says so in one line with the cause.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from distillspec.evaluation.timing import step_timer
+
+CALLS = 9  # Calls in a timer's long loop: fewer came out <= 0 under a second worker's load.
+REPEATS = 5
+SMALLER_DRAFT = (
+    "a smaller draft helps: --gin.DraftSpec.max_param_fraction=0.05 (or smaller "
+    "DraftSpec.embed_dim / num_layers)"
+)
+
+
+def measure(
+    target, target_params, draft, draft_params, prompts, lengths, gammas: Sequence[int],
+    max_new_tokens: int, repeats: int = REPEATS,
+) -> dict[str, Any]:  # fmt: skip
+    """{'c': float, 'r_gamma': {gamma: float}} at batch 1 on the first prompt of prompts [B, P].
+
+    A ratio whose timers came out <= 0 (a loaded machine) is None, never a made-up number."""
+    first = np.asarray(prompts)[:1], np.asarray(lengths)[:1]
+    timer = lambda model, params, width: step_timer(
+        model, params, *first, width, CALLS, max_new_tokens
+    )
+    timers = {
+        ("draft", 1): timer(draft, draft_params, 1),
+        ("target", 1): timer(target, target_params, 1),
+    }
+    for gamma in gammas:
+        timers["target", gamma + 1] = timer(target, target_params, gamma + 1)
+    seconds: dict[tuple, list[float]] = {key: [] for key in timers}
+    for _ in range(repeats):
+        for key, fn in timers.items():
+            seconds[key].append(fn())
+    median = {key: statistics.median(s) for key, s in seconds.items()}
+    one = median["target", 1]
+    ratio = lambda x: x / one if x > 0 and one > 0 else None
+    return {
+        "c": ratio(median["draft", 1]),
+        "r_gamma": {gamma: ratio(median["target", gamma + 1]) for gamma in gammas},
+    }
+
+
+def ideal_speedup(tau: float, gamma: int, c: float | None, r_gamma: float | None) -> float | None:
+    """S* = tau / (gamma * c + r_gamma); None when a cost could not be timed."""
+    return None if c is None or r_gamma is None else tau / (gamma * c + r_gamma)
+
+
+def tau_of(alpha: float, gamma: int) -> float:
+    """Expected tokens per round at i.i.d. acceptance alpha: (1 - alpha^(gamma+1)) / (1 - alpha)."""
+    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def break_even_alpha(gamma: int, c: float, r_gamma: float) -> float | None:
+    """The acceptance rate at which S* = 1 (None: not even alpha = 1 reaches it)."""
+    cost = gamma * c + r_gamma
+    if tau_of(1.0, gamma) < cost:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(50):  # tau_of grows with alpha: bisect.
+        mid = (low + high) / 2
+        low, high = (mid, high) if tau_of(mid, gamma) < cost else (low, mid)
+    return high
+
+
+def verdict(name: str, costs: dict[str, Any], taus: dict[int, float]) -> str:
+    """One line for draft `name`: c and its best S* over the measured tau per gamma; when S* < 1
+    at every gamma, the cause (c) and what helps."""
+    c = costs["c"]
+    ideal = {g: ideal_speedup(t, g, c, costs["r_gamma"][g]) for g, t in taus.items()}
+    ideal = {g: s for g, s in ideal.items() if s is not None}
+    if c is None or not ideal:
+        return f"draft {name!r}: its call costs could not be timed on this machine (no S*)"
+    gamma = max(ideal, key=ideal.get)
+    line = (
+        f"draft {name!r}: c = {c:.3f} (a draft call / a target call, batch 1); best ideal "
+        f"speed-up S* = {ideal[gamma]:.2f} at gamma = {gamma} (tau {taus[gamma]:.2f}, "
+        f"r_gamma {costs['r_gamma'][gamma]:.2f})"
+    )
+    if ideal[gamma] < 1:
+        line += (
+            f". S* < 1 at every gamma: at c = {c:.2f} a round of drafts costs more than the "
+            f"tokens it saves; {SMALLER_DRAFT}"
+        )
+    return line
+
+
+def break_even_line(costs: dict[str, Any]) -> str:
+    """One line after training: c, and the acceptance rate the draft needs to win per gamma."""
+    c = costs["c"]
+    if c is None:
+        return "the draft's call cost could not be timed on this machine"
+    needs = {g: break_even_alpha(g, c, r) for g, r in costs["r_gamma"].items() if r is not None}
+    possible = {g: a for g, a in needs.items() if a is not None}
+    head = f"c = {c:.3f} (a draft call / a target call, batch 1, this machine)"
+    if not possible:
+        return (
+            f"{head}: speculative decoding cannot win with this draft at any acceptance rate "
+            f"(gamma {sorted(needs)}); {SMALLER_DRAFT}"
+        )
+    wins = ", ".join(f"alpha > {a:.2f} at gamma = {g}" for g, a in sorted(possible.items()))
+    return (
+        f"{head}: it speeds decoding up only if {wins} (measure it: python -m distillspec.evaluate)"
+    )

@@ -1,0 +1,179 @@
+"""A new user's mistakes end in a clear error (or notice) before any work, and a run says what it
+did: start and end lines, resume, preemption status, quiet start-up, progress in a file.
+
+Everything runs on configs/tests/tiny_distill.gin (a tiny random teacher and student on the
+byte vocabulary) and on files the tests write.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from distillspec import checkpoints, gin_setup, metrics, tasks, trainer, vocabularies
+from distillspec.evaluation import costs
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TINY = str(REPO / "configs" / "tests" / "tiny_distill.gin")
+NOISE = ("oneDNN", "cuInit", "absl::InitializeLog", "cuda drivers", "precompiled_charsmap")
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def _train(model_dir, *flags):
+    return gin_setup.main("train", [f"--gin_file={TINY}", f"--gin.MODEL_DIR={model_dir}", *flags])
+
+
+# --- Mistakes that used to pass silently --------------------------------------------------
+
+
+def test_misspelled_macro_is_an_error_naming_the_closest(tmp_path):
+    with pytest.raises(ValueError, match=r"TRAIN_STEP \(did you mean TRAIN_STEPS\?\)"):
+        _train(tmp_path / "run", "--gin.TRAIN_STEP=2")
+    assert not (tmp_path / "run").exists()  # Nothing started.
+
+
+def _jsonl(path: pathlib.Path, key: str) -> str:
+    rows = [{"prompt": f"def f{i}(x):", key: f"    return x + {i}\n"} for i in range(40)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_misspelled_completion_key_is_a_notice_naming_the_key(tmp_path, capsys):
+    data = tasks.FileTask(_jsonl(tmp_path / "data.jsonl", "completoin"))
+    assert not tasks.has_completions(data)
+    err = capsys.readouterr().err
+    assert "no line has the completion key 'completion'" in err
+    assert "did you mean FileTask.completion_key = 'completoin'?" in err
+
+
+def test_prompts_only_data_is_an_error_when_completions_are_needed(tmp_path):
+    data = _jsonl(tmp_path / "data.jsonl", "completoin")
+    with pytest.raises(ValueError, match="holds prompts only"):  # Fixed data (lambda1 > 0).
+        _train(tmp_path / "run", f"--gin.train.task={data!r}",
+               "--gin.DataMixture.fixed_data_fraction=1.0")  # fmt: skip
+
+
+def _bpe(directory: pathlib.Path, texts: list[str]) -> str:
+    """A 300-id BPE tokenizer.json trained on `texts` (ids 0-2 special, as a Llama's)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    ))  # fmt: skip
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    return str(directory)
+
+
+def test_draft_with_another_tokenizer_of_the_same_size_is_an_error(tmp_path):
+    code = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n"] * 20
+    prose = ["The quick brown fox jumps over the lazy dog.", "Pack my box with jugs."] * 20
+    target, draft = _bpe(tmp_path / "target", code), _bpe(tmp_path / "draft", prose)
+    same = _bpe(tmp_path / "same", code)
+    vocabularies.check_same_vocabulary({"target": target, "draft": same})  # Same: passes.
+    with pytest.raises(ValueError, match=r"the tokenizers differ: draft has .*draft/tokenizer.json "
+                       r"\(300 ids\) and target has .*target/tokenizer.json"):  # fmt: skip
+        vocabularies.check_same_vocabulary({"target": target, "draft": draft})
+
+
+def test_second_run_into_a_model_dir_in_use_stops_naming_the_holder(tmp_path, capsys):
+    with checkpoints.model_dir_lock(str(tmp_path)):
+        with pytest.raises(RuntimeError, match=rf"in use by another run \(process {os.getpid()}"):
+            with checkpoints.model_dir_lock(str(tmp_path)):
+                pass
+        with pytest.raises(RuntimeError, match="in use by another run"):
+            _train(tmp_path)  # The CLI stops before any work.
+    assert not (tmp_path / "checkpoints").exists()
+    # Released on exit: the next run takes it; a lock file whose holder died is stale.
+    (tmp_path / checkpoints.LOCK_FILE).write_text("process 999999 on elsewhere")
+    with checkpoints.model_dir_lock(str(tmp_path)):
+        fd = os.open(tmp_path / checkpoints.LOCK_FILE, os.O_RDWR)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(fd)
+    assert "taking over a stale lock of process 999999" in capsys.readouterr().out
+
+
+# --- A run that says what it did ------------------------------------------------------------
+
+
+def test_start_end_and_resume_lines(tmp_path, capsys):
+    _train(tmp_path, "--gin.TRAIN_STEPS=2")
+    err = capsys.readouterr().err
+    assert "[train] distilling a draft of 0.01 M parameters toward a target of" in err
+    assert f"starting fresh: 2 steps into {tmp_path}" in err
+    assert f"student exported to {tmp_path}/export" in err and "final loss" in err
+    assert "[train] c = " in err and "(a draft call / a target call, batch 1" in err
+    gin.clear_config()
+    _train(tmp_path, "--gin.TRAIN_STEPS=4")  # TRAIN_STEPS raised: trains on from step 2.
+    assert "resuming from step 2 of 4" in capsys.readouterr().err
+    gin.clear_config()
+    with pytest.raises(ValueError, match="holds step 4, past TRAIN_STEPS = 3"):
+        _train(tmp_path, "--gin.TRAIN_STEPS=3")
+
+
+def test_preempted_run_exits_with_the_documented_status():
+    assert trainer.PREEMPTED_EXIT_CODE == 75  # docs/training.md and the SLURM script say 75.
+
+
+def test_command_line_output_to_a_file_is_quiet_and_each_progress_line_appears_once(tmp_path):
+    log = tmp_path / "log.txt"
+    with open(log, "w") as out:
+        subprocess.run(
+            [sys.executable, "-m", "distillspec.train", f"--gin_file={TINY}",
+             f"--gin.MODEL_DIR={tmp_path / 'run'}"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, timeout=600, check=True,
+        )  # fmt: skip
+    lines = log.read_text().splitlines()
+    assert not [x for x in lines if any(n in x for n in NOISE)], lines[:10]
+    progress = [x for x in lines if x.startswith("[train] step ")]
+    assert progress and len(progress) == len(set(progress))
+    assert progress[-1].startswith("[train] step 8/8 (100%)")
+    assert not [x for x in lines if "\r" in x]
+
+
+def test_line_progress_writes_each_update_once(capsys):
+    bar = metrics.LineProgress(total=10, initial=0, lines=5)
+    for step in range(1, 11):
+        bar.set_postfix(loss=f"{1 / step:.3g}")
+        bar.update(1)
+    err = capsys.readouterr().err.splitlines()
+    assert [x.split(":")[0] for x in err] == [f"[train] step {s}/10 (" + f"{10 * s}%)"
+                                              for s in (2, 4, 6, 8, 10)]  # fmt: skip
+    assert "loss 0.1," in err[-1]
+
+
+# --- A draft that can win, and the line when it cannot ---------------------------------------
+
+
+def test_break_even_and_verdict_lines_name_the_cause():
+    cheap = {"c": 0.05, "r_gamma": {3: 1.0, 5: 1.05}}
+    # 1 + a + a^2 + a^3 = 3 * 0.05 + 1: a = 0.1307 (by hand: 0.1307 + 0.0171 + 0.0022 = 0.15).
+    assert costs.break_even_alpha(3, 0.05, 1.0) == pytest.approx(0.1307, abs=1e-3)
+    assert "speeds decoding up only if alpha > 0." in costs.break_even_line(cheap)
+    dear = {"c": 1.2, "r_gamma": {3: 1.3, 5: 1.6}}
+    assert costs.break_even_alpha(3, 1.2, 1.3) is None  # 4.9 > the 4 tokens a round can give.
+    assert "cannot win with this draft at any acceptance rate" in costs.break_even_line(dear)
+    line = costs.verdict("fresh", {"c": 0.7, "r_gamma": {3: 1.2}}, {3: 2.5})
+    assert "S* = 0.76 at gamma = 3" in line and "S* < 1 at every gamma: at c = 0.70" in line
+    assert "--gin.DraftSpec.max_param_fraction" in line
+    assert "S* < 1" not in costs.verdict("fresh", cheap, {3: 2.5, 5: 3.0})
+    assert "could not be timed" in costs.verdict(
+        "x", {"c": float("nan"), "r_gamma": {3: 1}}, {3: 2}
+    )
