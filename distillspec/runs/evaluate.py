@@ -83,9 +83,7 @@ def evaluate(
     (eval set, draft, policy): the lookahead policy axis, timed at batch 1 (see
     `evaluation.policies`; the tuned policies read `<draft>/disco/`, written by
     python -m distillspec.disco). Then writes table.md, table.csv, tau_vs_gamma.png (and
-    disco_table.md, oracle_sl_hist.png), prints DISCO's table and ends with
-    `tables.terminal_summary` (at most 100 columns; the full Table C.1 is in table.md).
-
+    disco_table.md, oracle_sl_hist.png); prints `tables.terminal_summary` last (<= 100 columns).
     With `quality`, also each model's quality as a model, per eval set (`evaluation.quality`:
     NLL of the reference completions, distinct-4, share of looping greedy outputs, chrF of
     the greedy outputs against the references and the target's NLL of them) in
@@ -133,10 +131,7 @@ def evaluate(
             oracle_sl_max=oracle_sl_max, vocab_size=vocab_size,
             context={"dtype": dtype, "cache_dtype": cache_dtype},
         )  # fmt: skip
-    tables.format_report(records_path, output_dir)  # table.md, disco_table.md, plots.
-    if policies:
-        with open(os.path.join(output_dir, "disco_table.md"), encoding="utf-8") as f:
-            print(f.read())
+    _write_tables(records_path, output_dir, bool(policies))
     if quality:
         _report_quality(
             output_dir, {"target": (target, target_params), **models}, sets,
@@ -144,6 +139,15 @@ def evaluate(
         )  # fmt: skip
     print(tables.terminal_summary(records, os.path.join(output_dir, "table.md")))
     return records
+
+
+def _write_tables(records_path: str, output_dir: str, policies: bool) -> None:
+    """table.md, disco_table.md and their plots; prints DISCO's table (Table C.1 is too wide for
+    a terminal: `tables.terminal_summary` sums it up at the end)."""
+    tables.format_report(records_path, output_dir)
+    if policies:
+        with open(os.path.join(output_dir, "disco_table.md"), encoding="utf-8") as f:
+            print(f.read())
 
 
 def _report_quality(output_dir, models, sets, max_new_tokens, tokenizer, vocab_size) -> None:
