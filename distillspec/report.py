@@ -269,9 +269,8 @@ PAGES = (
     Page("quickstart.md", "The main job: Table C.1 and quality", QUICKSTART_CMD, quickstart_page),
     Page(
         "seeds.md",
-        "The main job over seeds",
-        f"{QUICKSTART_CMD} --output_dir runs/seed1 --gin.SEED=1 (and other seeds), then "
-        "--seeds with every run's directory",
+        "The main job over seeds (one quickstart per --gin.SEED; report --seeds DIR DIR ...)",
+        f"{QUICKSTART_CMD} --output_dir runs/seed1 --gin.SEED=1",
         seeds_page,
     ),
     Page(
