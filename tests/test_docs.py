@@ -7,7 +7,7 @@ README.md and docs/ name is checked here, parsed and never run (GUIDE.md §7).
   each --gin.NAME must name a macro those files define or a parameter of a configurable (bound
   to None while parsing, never called). Other commands' flags go through their `build_parser()`.
   A bare mention (no arguments) only needs the module.
-- Every `*.gin` path named anywhere exists and parses.
+- Every gin path named anywhere (`dir/name.gin`) exists and parses.
 - Every ```python snippet compiles, and its import statements run.
 - Every relative link or image resolves to a file (anchors are not checked).
 The last tests plant each kind of fault in a temporary page and assert it is reported.
@@ -54,6 +54,17 @@ def _prose(text: str) -> str:
     return _FENCE.sub("", text)
 
 
+def _tokens(line: str) -> list[str]:
+    """Shell words of a line, separators apart; a line shlex cannot read (a quote opened in a
+    comment or in prose) is split on whitespace."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    try:
+        return list(lexer)
+    except ValueError:
+        return line.split("#")[0].split()
+
+
 def commands(text: str) -> list[list[str]]:
     """Every `python -m distillspec...` invocation as [module, arg, ...] (shell blocks and
     inline code); backslash continuations joined, comments and '...' placeholders dropped."""
@@ -63,9 +74,7 @@ def commands(text: str) -> list[list[str]]:
     lines += _INLINE.findall(_prose(text))
     found = []
     for line in lines:
-        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
-        lexer.whitespace_split, lexer.commenters = True, "#"
-        tokens = [t for t in lexer if t != "..."]
+        tokens = [t for t in _tokens(line) if t != "..."]
         for i, token in enumerate(tokens[:-2]):
             if token in ("python", "python3") and tokens[i + 1] == "-m":
                 if tokens[i + 2].startswith("distillspec"):
@@ -187,9 +196,10 @@ def command_problems(module: str, args: list[str]) -> list[str]:
 
 
 def gin_path_problems(text: str) -> list[str]:
-    """Every *.gin path the page names (outside --gin_file flags too) exists and parses."""
+    """Every gin path the page names (dir/name.gin, outside --gin_file flags too) exists and
+    parses; a bare name (a run's own config.gin) is not a path into configs/."""
     problems = []
-    for name in sorted(set(_GIN_PATH.findall(text))):
+    for name in sorted(n for n in set(_GIN_PATH.findall(text)) if "/" in n):
         path = find_gin_file(name.removeprefix("configs/"))
         if path is None:
             problems.append(f"gin file not found: {name}")
