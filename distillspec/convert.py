@@ -111,7 +111,8 @@ def convert(
     return t5x.save_t5x(model, params, destination, step, dtype=dtype, progress=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs.py checks the docs' flags against it)."""
     parser = argparse.ArgumentParser(
         prog="python -m distillspec.convert",
         description="Convert T5 v1.1 checkpoints between T5X and Hugging Face formats.",
@@ -132,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("float32", "bfloat16"),
         help="dtype of the written T5X arrays (default: float32, the params' dtype)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jax").setLevel(logging.WARNING)  # Its backend probing is noise here.

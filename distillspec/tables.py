@@ -244,6 +244,56 @@ def seed_spread_table(
     return rows
 
 
+SUMMARY_WIDTH = 100  # Columns of the terminal summary (GUIDE.md §7).
+
+
+def _best_gamma_row(rows: Sequence[Row]) -> Row:
+    """The row whose distilled draft has the best batch-1 latency speed-up (τ without one)."""
+    for key in ("latency_speedup_distilled", "tau_distilled"):
+        scored = [r for r in rows if r.get(key) is not None]
+        if scored:
+            return max(scored, key=lambda r: r[key])
+    return rows[0]
+
+
+def _arrow(row: Row, metric: str, spec: str, unit: str = "") -> str:
+    """'0.227 → 0.406': the metric of the standard draft, then of the distilled one."""
+    value = lambda side: row.get(f"{metric}_{side}")
+    cell = lambda side: "–" if value(side) is None else format(value(side), spec) + unit
+    return f"{cell('baseline')} → {cell('distilled')}"
+
+
+def terminal_summary(
+    records: Iterable[Mapping[str, Any]],
+    table_path: str | os.PathLike,
+    baseline: str = "standard",
+    distilled: str = "distilled",
+) -> str:
+    """A summary of the grid records no wider than SUMMARY_WIDTH columns: per eval set and
+    temperature, `baseline` → `distilled` α, τ and batch-1 latency speed-up over plain decoding,
+    at the γ where the distilled draft's batch-1 latency speed-up is best (its τ when latency
+    was not measured), and the path of the full table. Empty without both drafts' records."""
+    rows = [r for r in records_to_table(records, baseline, distilled) if "tau_baseline" in r]
+    if not rows:
+        return ""
+    groups: dict[tuple, list[Row]] = {}
+    for row in rows:
+        groups.setdefault((f"{row['task']}/{row['split']}", row["temperature"]), []).append(row)
+    lines = [
+        f"Summary: {baseline} → {distilled} draft at the γ of the best batch-1 latency speed-up",
+        f"{'eval set':<24} {'T':>3} {'γ':>2}  {'α':<15} {'τ':<13} batch-1 latency speed-up",
+    ]
+    for (name, temperature), group in groups.items():
+        row = _best_gamma_row(group)
+        alpha, tau = _arrow(row, "alpha", ".3f"), _arrow(row, "tau", ".2f")
+        latency = _arrow(row, "latency_speedup", ".2f", "×")
+        lines.append(
+            f"{name[:24]:<24} {temperature:>3g} {row['gamma']:>2}  {alpha:<15} {tau:<13} {latency}"
+        )
+    lines += ["Full table (every γ, throughput too):", f"  {os.fspath(table_path)}"]
+    return "\n".join(lines)
+
+
 def _side_key(metric: str, side: str) -> str:
     """The row key of a compared draft's metric: ('tau_ci95', 'baseline') -> 'tau_baseline_ci95'."""
     base, ci, _ = metric.partition("_ci95")

@@ -8,7 +8,8 @@
 Writes seeds.md and seeds.csv (`distillspec.tables.seed_spread_table`: alpha, tau and the tau
 ratio distilled / standard per task, temperature and gamma, and whether the gain exceeds twice
 its standard deviation over seeds), and quality.md (each model's NLL, distinct-4 and looping
-share, mean ± standard deviation), and prints them.
+share, mean ± standard deviation), and prints them. `python -m distillspec.report --seeds ...`
+writes the same tables as a results page.
 """
 
 from __future__ import annotations
@@ -18,23 +19,7 @@ import os
 
 from distillspec import tables
 from distillspec.records import RECORDS_FILE, read_jsonl
-
-QUALITY_METRICS = ("nll", "distinct_4", "repeating_share")
-
-
-def quality_spread(runs: list[list[dict]]) -> list[dict]:
-    """Mean ± sd over runs of every (task, split, model)'s quality record."""
-    groups: dict[tuple, list[dict]] = {}
-    for run in runs:
-        for r in run:
-            groups.setdefault((r["task"], r["split"], r["model"]), []).append(r)
-    rows = []
-    for (task, split, model), records in groups.items():
-        row = {"task": task, "split": split, "model": model, "seeds": len(records)}
-        for metric in QUALITY_METRICS:
-            row[metric], row[f"{metric}_sd"] = tables.mean_sd([r[metric] for r in records])
-        rows.append(row)
-    return rows
+from distillspec.report import quality_spread
 
 
 def main() -> None:

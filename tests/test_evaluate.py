@@ -578,3 +578,15 @@ def test_dynamic_rounds_are_priced_at_their_timed_cost_when_their_calls_priced_a
     assert costs["spec_round"]["disco-8"] == pytest.approx(-1e3)  # -(the cheapest target call).
     assert costs["switch"]["disco-8"] >= 0.0
     assert timing.modeled_latency_ms(policy, [0, 1, 0, 0, 1], 5, 7, costs, switches=1) > 0
+
+
+def test_progress_line_reads_batch1_latency_first_and_names_the_throughput_batch(capsys):
+    from distillspec.evaluation.drafts import _report_progress
+
+    record = dict(draft="d", gamma=5, temperature=0.0, alpha=0.4, tau=3.0, tau_theory=3.1,
+                  speedup=0.57, latency_speedup=1.52)  # fmt: skip
+    _report_progress(record, 1, 12, batch=16)
+    line = capsys.readouterr().err
+    assert "batch-1 latency 1.52x, throughput at batch 16 0.57x" in line
+    _report_progress(dict(record, latency_speedup=None), 2, 12, batch=16)
+    assert "batch-1 latency not measured" in capsys.readouterr().err

@@ -371,3 +371,44 @@ def test_format_report_policy_records_only(tmp_path):
     tables.format_report(_write_jsonl(tmp_path / "n.jsonl", no_oracle), tmp_path / "n")
     assert (tmp_path / "n" / "disco_table.csv").exists()
     assert not (tmp_path / "n" / "oracle_sl_hist.png").exists()
+
+
+def _grid(task, split, temperature, tau_factor, latency):
+    """Both drafts at gamma 3, 5, 7; the distilled draft's batch-1 latency peaks at gamma 5."""
+    out = []
+    for gamma in (3, 5, 7):
+        for draft, f in (("standard", 1.0), ("distilled", tau_factor)):
+            out.append(
+                dict(
+                    _record(
+                        draft, gamma, temperature, 2.0 * f + gamma / 10, 0.6, task=task, split=split
+                    ),
+                    alpha=0.3 * f,
+                    latency_speedup=latency * f - abs(gamma - 5) / 10,
+                )
+            )
+    return out  # fmt: skip
+
+
+def test_terminal_summary_fits_100_columns_and_reads_the_best_gamma():
+    records = []
+    for task in ("a_very_long_eval_set_name_that_goes_on_and_on", "humaneval"):
+        for temperature in (0.0, 1.0):
+            records += _grid(task, "test", temperature, 1.4, 1.1)
+    records.append(dict(_record("distilled", 9, 0.0, 9.0, 9.0), policy="oracle"))  # Ignored.
+    text = tables.terminal_summary(records, "runs/quickstart/table.md")
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= tables.SUMMARY_WIDTH
+    assert len(lines) == 2 + 4 + 2  # Title, header, eval set x temperature, the table's path.
+    (row,) = [line for line in lines if line.startswith("humaneval/test") and " 1 " in line[24:29]]
+    assert row.split()[2] == "5"  # The gamma of the distilled draft's best batch-1 latency.
+    assert "0.300 → 0.420" in row and "2.50 → 3.30" in row and "1.10× → 1.54×" in row
+    assert lines[-1].strip() == "runs/quickstart/table.md"
+
+
+def test_terminal_summary_without_latency_or_without_both_drafts():
+    no_latency = [dict(r, latency_speedup=None) for r in _grid("t", "s", 0.0, 1.2, 1.0)]
+    row = tables.terminal_summary(no_latency, "table.md").splitlines()[2]
+    assert row.split()[2] == "7" and row.endswith("– → –")  # Best tau; latency not measured.
+    only_one = [r for r in no_latency if r["draft"] == "standard"]
+    assert tables.terminal_summary(only_one, "table.md") == ""

@@ -97,7 +97,8 @@ def _result(measured, tuning, costs, classifier, valid_examples, examples, args)
     }
 
 
-def main(argv=None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs.py checks the docs' flags against it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write the result here too")
     parser.add_argument("--train_prompts", type=int, default=128)
@@ -112,6 +113,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--threshold_grid", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.9])
     parser.add_argument("--oracle_sl_max", type=int, default=32)
     parser.add_argument("--timing_repeats", type=int, default=3, help="per test prompt (median)")
+    return parser
+
+
+def main(argv=None) -> dict:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     target, target_params, draft, draft_params, description = reference_pair(

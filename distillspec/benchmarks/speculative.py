@@ -277,7 +277,8 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats:
     }
 
 
-def main(argv=None) -> list[dict]:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs.py checks the docs' flags against it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write the records here too (a JSON list)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
@@ -304,6 +305,11 @@ def main(argv=None) -> list[dict]:
         help="KV cache dtype: 'auto' (float32 on the CPU, else the decoding dtype) or one of "
         f"{tuple(DECODE_DTYPES)}",
     )
+    return parser
+
+
+def main(argv=None) -> list[dict]:
+    parser = build_parser()
     args = parser.parse_args(argv)
     cache_dtypes = {}
     for dtype in args.dtype:

@@ -231,7 +231,8 @@ def measure(
     }
 
 
-def main(argv=None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs.py checks the docs' flags against it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write the record here too (a JSON object)")
     parser.add_argument("--teacher", help=f"teacher checkpoint (default {QUICKSTART_TEACHER})")
@@ -255,6 +256,11 @@ def main(argv=None) -> dict:
         default=0,
         help="also time the fixed-data step with the teacher's top-k cached",
     )
+    return parser
+
+
+def main(argv=None) -> dict:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.tiny and (args.teacher or args.student):
         parser.error("--tiny builds its own models: give it without --teacher / --student")

@@ -428,7 +428,9 @@ def evaluate_drafts(
                     calls = _valid_rows(spec, "target_calls", batches)
                     record["tau_per_prompt"] = (tokens / np.maximum(calls, 1.0)).tolist()
                 records.append(record)
-                _report_progress(record, len(records), total)
+                _report_progress(
+                    record, len(records), total, np.shape(batches[0]["prompt_tokens"])[0]
+                )
     for name in drafts:
         taus = {}
         for r in records:
@@ -438,16 +440,16 @@ def evaluate_drafts(
     return records
 
 
-def _report_progress(record: Mapping[str, Any], done: int, total: int) -> None:
+def _report_progress(record: Mapping[str, Any], done: int, total: int, batch: int) -> None:
+    """One line per configuration: batch-1 latency speed-up first (what one user waits), then
+    the throughput speed-up on batches of `batch` prompts."""
+    latency = record["latency_speedup"]
     print(
         f"[evaluate {done}/{total}] draft={record['draft']} gamma={record['gamma']} "
         f"T={record['temperature']:g}: alpha={record['alpha']:.3f} tau={record['tau']:.3f} "
-        f"tau_theory={record['tau_theory']:.3f} speedup={record['speedup']:.2f}x"
-        + (
-            ""
-            if record["latency_speedup"] is None
-            else f" latency_speedup(batch 1)={record['latency_speedup']:.2f}x"
-        ),
+        f"tau_theory={record['tau_theory']:.3f} | speed-up: batch-1 latency "
+        + ("not measured" if latency is None else f"{latency:.2f}x")
+        + f", throughput at batch {batch} {record['speedup']:.2f}x",
         file=sys.stderr,
         flush=True,
     )

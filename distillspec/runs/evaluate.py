@@ -83,12 +83,11 @@ def evaluate(
     (eval set, draft, policy): the lookahead policy axis, timed at batch 1 (see
     `evaluation.policies`; the tuned policies read `<draft>/disco/`, written by
     python -m distillspec.disco). Then writes table.md, table.csv, tau_vs_gamma.png (and
-    disco_table.md, oracle_sl_hist.png) and prints the tables.
-
+    disco_table.md, oracle_sl_hist.png); prints `tables.terminal_summary` last (<= 100 columns).
     With `quality`, also each model's quality as a model, per eval set (`evaluation.quality`:
     NLL of the reference completions, distinct-4, share of looping greedy outputs, chrF of
     the greedy outputs against the references and the target's NLL of them) in
-    OUTPUT_DIR/quality.jsonl and quality.md, printed after the tables.
+    OUTPUT_DIR/quality.jsonl and quality.md.
     """
     if not gammas and not policies:
         raise ValueError("nothing to evaluate: gammas and policies are both empty")
@@ -132,13 +131,23 @@ def evaluate(
             oracle_sl_max=oracle_sl_max, vocab_size=vocab_size,
             context={"dtype": dtype, "cache_dtype": cache_dtype},
         )  # fmt: skip
-    print(tables.format_report(records_path, output_dir))
+    _write_tables(records_path, output_dir, bool(policies))
     if quality:
         _report_quality(
             output_dir, {"target": (target, target_params), **models}, sets,
             task_feature_lengths["targets"], tokenizer, vocab_size,
         )  # fmt: skip
+    print(tables.terminal_summary(records, os.path.join(output_dir, "table.md")))
     return records
+
+
+def _write_tables(records_path: str, output_dir: str, policies: bool) -> None:
+    """table.md, disco_table.md and their plots; prints DISCO's table (Table C.1 is too wide for
+    a terminal: `tables.terminal_summary` sums it up at the end)."""
+    tables.format_report(records_path, output_dir)
+    if policies:
+        with open(os.path.join(output_dir, "disco_table.md"), encoding="utf-8") as f:
+            print(f.read())
 
 
 def _report_quality(output_dir, models, sets, max_new_tokens, tokenizer, vocab_size) -> None:
@@ -150,4 +159,6 @@ def _report_quality(output_dir, models, sets, max_new_tokens, tokenizer, vocab_s
             scorer=models["target"],
         )  # fmt: skip
     write_jsonl_atomic(os.path.join(output_dir, QUALITY_FILE), rows)
-    print(tables.write_markdown(rows, os.path.join(output_dir, "quality.md")))
+    path = os.path.join(output_dir, "quality.md")
+    tables.write_markdown(rows, path)
+    print(f"Each model's quality (NLL, distinct-4, looping outputs): {path}")

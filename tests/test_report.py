@@ -1,0 +1,132 @@
+"""python -m distillspec.report on tiny synthetic records made here (no run, no JAX work)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from distillspec import report
+
+
+def _grid_record(draft, gamma, temperature, tau, latency, task="stdlib_code"):
+    return {
+        "draft": draft, "gamma": gamma, "temperature": temperature, "alpha": tau / 10,
+        "alpha_ci95": 0.01, "tau": tau, "tau_ci95": 0.1, "tau_theory": tau + 0.05,
+        "speedup": 0.6, "latency_speedup": latency, "task": task, "split": "test",
+        "num_prompts": 4, "max_new_tokens": 8,
+    }  # fmt: skip
+
+
+def _quickstart(run_dir, gain=1.3):
+    run_dir.mkdir(parents=True)
+    records = [
+        _grid_record(draft, gamma, temperature, (2.0 + gamma / 10) * f, 1.1 * f)
+        for draft, f in (("standard", 1.0), ("distilled", gain))
+        for gamma in (3, 5)
+        for temperature in (0.0, 1.0)
+    ]
+    policy = {"draft": "distilled", "policy": "oracle", "task": "stdlib_code", "split": "test",
+              "latency_ms": 2.0, "speedup": 1.4, "mean_sl": 3.0, "tau": 3.5, "alpha": 0.6,
+              "exact": True, "sl_histogram": [0, 2, 3, 1]}  # fmt: skip
+    lines = [json.dumps(r) for r in records + [policy]]
+    (run_dir / "records.jsonl").write_text("\n".join(lines) + "\n")
+    quality = [
+        {"task": "stdlib_code", "split": "test", "model": m, "nll": 3.0 + i, "distinct_4": 0.1,
+         "repeating_share": 0.5}
+        for i, m in enumerate(("target", "d"))
+    ]  # fmt: skip
+    (run_dir / "quality.jsonl").write_text("".join(json.dumps(q) + "\n" for q in quality))
+    (run_dir / "disco_f1.md").write_text("| draft | F1 |\n|---|---:|\n| distilled | 0.71 |\n")
+    return str(run_dir)
+
+
+def _argv(tmp_path, *extra):
+    missing = str(tmp_path / "missing")
+    return [
+        "--out_dir", str(tmp_path / "results"), "--quickstart", missing, "--disco", missing,
+        "--study", missing, "--speculative_json", f"{missing}.json",
+        "--disco_json", f"{missing}.json", "--train_step_json", f"{missing}.json", *extra,
+    ]  # fmt: skip
+
+
+def test_pages_only_for_inputs_that_exist_and_an_index_of_all(tmp_path):
+    run = _quickstart(tmp_path / "qs")
+    written = report.main(_argv(tmp_path, "--quickstart", run, "--disco", run))
+    assert written == {
+        "quickstart.md": True, "seeds.md": False, "disco.md": True, "study.md": False,
+        "speculative.md": False, "disco_benchmark.md": False, "train_step.md": False,
+    }  # fmt: skip
+    out = tmp_path / "results"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md", "disco.md", "disco_oracle_sl_hist.png", "quickstart.md",
+        "quickstart_tau_vs_gamma.png",
+    ]  # fmt: skip
+    index = (out / "README.md").read_text()
+    for page in report.PAGES:  # Every page, the command behind its input, and its state.
+        assert page.title in index and page.producer in index
+    assert "[The main job: Table C.1 and quality](quickstart.md)" in index
+    assert "| Benchmark: where a distillation step's time goes |" in index  # Not linked.
+    assert index.count("no: input not found") == 5
+
+
+def test_a_page_is_stamped_and_shows_the_records_figures(tmp_path):
+    run = _quickstart(tmp_path / "qs")
+    report.main(_argv(tmp_path, "--quickstart", run))
+    page = (tmp_path / "results" / "quickstart.md").read_text()
+    stamp = page.splitlines()[2]
+    assert "python -m distillspec.report --out_dir" in stamp
+    assert re.search(r"at commit [0-9a-f]{7,}|at commit unknown", stamp)
+    assert re.search(r"on \d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC", stamp)
+    assert re.search(r"machine: .+, \d+ cores, JAX backend \w+", stamp)
+    assert "| 3.25 ± 0.10 |" in page  # Distilled tau at gamma 5: 2.5 * 1.3, from the records.
+    assert "1.10× → 1.43×" in page  # The terminal summary's batch-1 latency speed-ups.
+    assert "![quickstart_tau_vs_gamma.png](quickstart_tau_vs_gamma.png)" in page
+    assert "| target |" in page  # Quality.
+
+
+def test_seed_spread_needs_two_runs_and_gives_mean_and_sd(tmp_path):
+    runs = [_quickstart(tmp_path / f"s{i}", gain) for i, gain in enumerate((1.2, 1.4))]
+    assert not report.main(_argv(tmp_path, "--seeds", runs[0]))["seeds.md"]
+    assert report.main(_argv(tmp_path, "--seeds", *runs))["seeds.md"]
+    page = (tmp_path / "results" / "seeds.md").read_text()
+    assert "| 1.30 ± 0.14 |" in page  # tau ratio distilled / standard over the two seeds.
+    assert "| 4.000 ± 0.000 |" in page  # The quality spread: model d's NLL.
+
+
+def test_benchmark_pages_from_their_json(tmp_path):
+    spec = [{"dtype": "float32", "batch": 1, "gamma": 4, "alpha": 0.7, "tau": 3.1, "c": 0.1,
+             "r_gamma": 1.2, "speedup_ideal": 1.9, "speedup": 1.5, "efficiency": 0.79,
+             "exact_greedy": True, "pair": "reference"}]  # fmt: skip
+    disco = {"disco_vs_static_opt_pct": 4.5, "all_exact": True, "pair": "reference",
+             "policies": {"disco": {"latency_ms": 3.2, "speedup": 1.6}}}  # fmt: skip
+    train = {"kd_step_fixed_over_sum": 1.07, "backend": "cpu", "shapes": {"batch": 16}}
+    paths = {}
+    for name, value in (("spec", spec), ("disco", disco), ("train", train)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(value))
+    written = report.main(_argv(
+        tmp_path, "--speculative_json", str(paths["spec"]), "--disco_json", str(paths["disco"]),
+        "--train_step_json", str(paths["train"]),
+    ))  # fmt: skip
+    assert written["speculative.md"] and written["disco_benchmark.md"] and written["train_step.md"]
+    out = tmp_path / "results"
+    assert "| 0.79 |" in (out / "speculative.md").read_text()
+    assert "| disco_vs_static_opt_pct | 4.50 |" in (out / "disco_benchmark.md").read_text()
+    assert "| kd_step_fixed_over_sum | 1.07 |" in (out / "train_step.md").read_text()
+
+
+def test_a_page_of_an_earlier_run_is_kept_and_said_so(tmp_path):
+    run = _quickstart(tmp_path / "qs")
+    report.main(_argv(tmp_path, "--quickstart", run))
+    report.main(_argv(tmp_path))
+    index = (tmp_path / "results" / "README.md").read_text()
+    assert "[The main job: Table C.1 and quality](quickstart.md)" in index
+    assert "from an earlier run" in index
+
+
+def test_the_parser_rejects_an_unknown_flag():
+    with pytest.raises(SystemExit):
+        report.build_parser().parse_args(["--no_such_flag"])
+    assert report.cpu_model("/nonexistent")  # Falls back to platform's name.
