@@ -174,6 +174,6 @@ def test_break_even_and_verdict_lines_name_the_cause():
     assert "S* = 0.76 at gamma = 3" in line and "S* < 1 at every gamma: at c = 0.70" in line
     assert "--gin.DraftSpec.max_param_fraction" in line
     assert "S* < 1" not in costs.verdict("fresh", cheap, {3: 2.5, 5: 3.0})
-    assert "could not be timed" in costs.verdict(
-        "x", {"c": float("nan"), "r_gamma": {3: 1}}, {3: 2}
-    )
+    low = costs.verdict("fresh", {"c": 0.02, "r_gamma": {3: 1.5}}, {3: 1.1})
+    assert "the drafts are cheap (c = 0.02) but too few are accepted" in low
+    assert "could not be timed" in costs.verdict("x", {"c": None, "r_gamma": {3: 1}}, {3: 2})

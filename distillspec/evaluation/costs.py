@@ -96,10 +96,18 @@ def verdict(name: str, costs: dict[str, Any], taus: dict[int, float]) -> str:
         f"r_gamma {costs['r_gamma'][gamma]:.2f})"
     )
     if ideal[gamma] < 1:
-        line += (
-            f". S* < 1 at every gamma: at c = {c:.2f} a round of drafts costs more than the "
-            f"tokens it saves; {SMALLER_DRAFT}"
-        )
+        r = costs["r_gamma"][gamma]
+        if gamma * c >= 0.3 * (gamma * c + r):  # The drafts are a large part of a round's cost.
+            line += (
+                f". S* < 1 at every gamma: at c = {c:.2f} a round of drafts costs more than the "
+                f"tokens it saves; {SMALLER_DRAFT}"
+            )
+        else:  # The drafts are cheap: too few of them are accepted for the verify cost r_gamma.
+            line += (
+                f". S* < 1 at every gamma: the drafts are cheap (c = {c:.2f}) but too few are "
+                f"accepted (tau {taus[gamma]:.2f} < r_gamma {r:.2f}): distil longer or on "
+                "prompts closer to the evaluation's"
+            )
     return line
 
 
