@@ -71,8 +71,8 @@ def model_dir_lock(path: str):
     An exclusive `flock` on MODEL_DIR/.lock, which holds the holder's process id and host. The
     kernel releases it when the holder exits, however it exits (a crash or SIGKILL included),
     so a lock file left behind is stale by construction: the next run takes it over and says
-    so. (flock over NFS needs the server's lock support; multi-process runs lock from process 0
-    only.)
+    so. A run that ends removes it. (flock over NFS needs the server's lock support;
+    multi-process runs lock from process 0 only.)
 
     Raises:
       RuntimeError: naming the directory and the process that holds it.
@@ -97,7 +97,7 @@ def model_dir_lock(path: str):
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)  # A clean exit leaves no holder behind.
+            os.unlink(lock_path)  # Leaves MODEL_DIR as it was; still held until closed below.
     finally:
         os.close(fd)  # Releases the lock.
 
