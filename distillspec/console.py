@@ -16,12 +16,23 @@ import os
 import sys
 
 VERBOSE_FLAG = "--verbose"  # Keeps the third-party start-up logs.
+_quiet = False  # Set by quiet_startup: the run asked for no third-party logs.
 
 
 def accelerator_present() -> bool:
     """Whether this machine has a GPU or TPU device node (checked without loading a driver)."""
     patterns = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*", "/dev/kfd")
     return any(glob.glob(p) for p in patterns)
+
+
+def native_logs_silenced() -> contextlib.AbstractContextManager:
+    """Silences C++ logs written to fd 2 inside the block, only after `quiet_startup` did so.
+
+    For libraries that log through their own copy of a logger (TensorFlow Text's SentencePiece
+    logs "precompiled_charsmap is empty" on loading a model, whatever
+    `sentencepiece.set_min_log_level` says). Python exceptions pass through unchanged.
+    """
+    return _stderr_silenced() if _quiet else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -46,9 +57,11 @@ def quiet_startup(argv: list[str] | None = None) -> bool:
     from reserving memory JAX needs), and turns TensorFlow's, absl's and SentencePiece's logs
     down to errors. Returns whether the run is verbose.
     """
+    global _quiet
     argv = sys.argv[1:] if argv is None else argv
     if VERBOSE_FLAG in argv:
         return True
+    _quiet = True
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if "JAX_PLATFORMS" not in os.environ and not accelerator_present():
         os.environ["JAX_PLATFORMS"] = "cpu"

@@ -21,7 +21,7 @@ import numpy as np
 import sentencepiece as spm
 import seqio
 
-from distillspec import corpus
+from distillspec import console, corpus
 
 CACHE_ENV_VAR = "DISTILLSPEC_CACHE"
 VOCABULARY_NAMES = ("sentencepiece", "byte")
@@ -130,7 +130,10 @@ def get_vocabulary(
         raise ValueError(f"Unknown vocabulary {name!r}; valid names: {VOCABULARY_NAMES}")
     texts = corpus.code_training_text(corpus.build_code_corpus(max_files=max_files))
     path = train_sentencepiece(texts, cache_dir=cache_dir, vocab_size=vocab_size)
-    return seqio.SentencePieceVocabulary(str(path))
+    vocabulary = seqio.SentencePieceVocabulary(str(path))
+    with console.native_logs_silenced():
+        _ = vocabulary.tf_tokenizer  # Loads (and caches) TF Text's copy of the model, which logs.
+    return vocabulary
 
 
 # ----------------------------------------------------------------------------------------------

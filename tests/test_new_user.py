@@ -17,7 +17,7 @@ import sys
 import gin
 import pytest
 
-from distillspec import checkpoints, gin_setup, metrics, tasks, trainer, vocabularies
+from distillspec import checkpoints, console, gin_setup, metrics, tasks, trainer, vocabularies
 from distillspec.evaluation import costs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -146,6 +146,17 @@ def test_command_line_output_to_a_file_is_quiet_and_each_progress_line_appears_o
     assert progress and len(progress) == len(set(progress))
     assert progress[-1].startswith("[train] step 8/8 (100%)")
     assert not [x for x in lines if "\r" in x]
+
+
+@pytest.mark.parametrize("argv", [[], [console.VERBOSE_FLAG]])
+def test_loading_the_sentencepiece_vocabulary_is_quiet_unless_verbose(tmp_path, argv):
+    script = (
+        f"from distillspec import console, vocabularies; console.quiet_startup({argv!r}); "
+        f"vocabularies.get_vocabulary(cache_dir={str(tmp_path)!r}, max_files=60, vocab_size=512)"
+    )  # A process of its own: TF Text logs on loading a model, once per process.
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=REPO, timeout=300, check=True)  # fmt: skip
+    assert ("precompiled_charsmap" in out.stderr) == bool(argv), out.stderr[-2000:]
 
 
 def test_line_progress_writes_each_update_once(capsys):
