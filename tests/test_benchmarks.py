@@ -239,3 +239,16 @@ def test_sampler_cost_script_times_every_draw():
     record = script["main"](["--vocab", "16", "--repeats", "3", "--steps", "5000"])
     for key in ("gumbel_max_us", "sampler_us", "argmax_us", "gumbel_over_sampler"):
         assert math.isfinite(record[key]) and record[key] > 0, (key, record)
+
+
+def test_profile_script_puts_each_op_in_a_category():
+    import runpy
+
+    import jax
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "profile_train_step.py"))
+    a, b = jnp.ones((64, 32)), jnp.ones((32, 48))
+    hlo = jax.jit(lambda a, b: jnp.tanh(a @ b).T * 2.0).lower(a, b).compile().as_text()
+    kinds = script["categories"](hlo)
+    assert kinds and {category for category, _ in kinds.values()} <= set(script["CATEGORIES"])
+    assert "matmul" in {category for category, _ in kinds.values()}
