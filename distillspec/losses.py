@@ -96,7 +96,11 @@ def generalized_jsd(
       ValueError: if beta is outside [0, 1].
     """
     beta = _check_beta(beta)
-    log_p, log_q = _log_probs(teacher_logits), _log_probs(student_logits)
+    return _jsd_from_log_probs(_log_probs(teacher_logits), _log_probs(student_logits), beta)
+
+
+def _jsd_from_log_probs(log_p: jax.Array, log_q: jax.Array, beta: float) -> jax.Array:
+    """`generalized_jsd` of teacher and student log-probabilities [..., V] -> [...]."""
     log_beta = math.log(beta) if beta > 0 else -math.inf
     log_one_minus_beta = math.log1p(-beta) if beta < 1 else -math.inf
     log_m = jnp.logaddexp(log_beta + log_p, log_one_minus_beta + log_q)
@@ -168,6 +172,87 @@ def divergence(
     else:
         per_token = total_variation(student_logits, teacher_logits)
     return _weighted_sum(per_token, weights)
+
+
+def distillation_sums(
+    student_logits: ArrayLike,
+    teacher_logits: ArrayLike,
+    weights: ArrayLike,
+    kind: str,
+    beta: float = 0.5,
+) -> dict[str, jax.Array]:
+    """The distillation step's loss and metric sums from one log-softmax per distribution.
+
+    The same values as `divergence` (the loss, with its gradient with respect to the student's
+    logits) and `acceptance_proxy` (the metric), but the teacher's and the student's
+    log-probabilities are computed once each and shared by the loss and the metric. For 'fkl'
+    the student's gradient is the closed form w (softmax(student) - p_teacher) per token (a
+    custom VJP) rather than autodiff through the log-softmax; it equals autodiff's
+    w (softmax(student) sum_v p - p) up to float32 rounding of sum_v p = 1.
+
+    Args:
+      student_logits: [B, L, V] logits of the student q (gradients flow here).
+      teacher_logits: [B, L, V] logits of the teacher p (callers stop gradients).
+      weights: [B, L] non-negative token weights; 0 masks a token.
+      kind: one of `KINDS`.
+      beta: JSD mixture weight in [0, 1]; validated for every kind, used only by 'jsd'.
+
+    Returns:
+      float32 scalars {'loss_sum', 'weight_sum', 'acceptance_sum'}: sum D w, sum w and
+      sum (1 - TVD) w; the acceptance sum carries no gradient.
+
+    Raises:
+      ValueError: on an unknown kind, beta outside [0, 1], or mismatched shapes.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"Unknown divergence kind {kind!r}; valid kinds are {KINDS}.")
+    beta = _check_beta(beta)
+    _check_shapes(student_logits, teacher_logits, weights)
+    student_logits = _zero_masked(student_logits, weights)
+    log_p = _log_probs(_zero_masked(teacher_logits, weights))
+    p = jnp.exp(log_p)
+    if kind == "fkl":
+        per_token, q = _forward_kl_and_probs(student_logits, log_p)
+    else:
+        log_q = _log_probs(student_logits)
+        q = jnp.exp(log_q)
+        if kind == "rkl":
+            per_token = _kl_from_log_probs(log_q, log_p)
+        elif kind == "jsd":
+            per_token = _jsd_from_log_probs(log_p, log_q, beta)
+        else:
+            per_token = tvd_of_probs(p, q)
+    loss_sum, weight_sum = _weighted_sum(per_token, weights)
+    accepted = jnp.sum(jnp.minimum(p, jax.lax.stop_gradient(q)), axis=-1)
+    acceptance_sum = _weighted_sum(accepted, weights)[0]
+    return {"loss_sum": loss_sum, "weight_sum": weight_sum, "acceptance_sum": acceptance_sum}
+
+
+@jax.custom_vjp
+def _forward_kl_and_probs(student_logits: jax.Array, log_p: jax.Array):
+    """(KL(p || q) per token [...], q = softmax(student_logits) [..., V]) for float32 student
+    logits and teacher log-probabilities [..., V]. q carries no gradient (as if under
+    stop_gradient): it is there for metrics, so that the student's softmax is computed once."""
+    return _forward_kl_fwd(student_logits, log_p)[0]
+
+
+def _forward_kl_fwd(student_logits, log_p):
+    log_q = _log_probs(student_logits)
+    q = jnp.exp(log_q)
+    return (_kl_from_log_probs(log_p, log_q), q), (log_q, q, log_p)
+
+
+def _forward_kl_bwd(residuals, cotangents):
+    """d KL / d student_logits = q - p; d KL / d log_p = p (log p - log q + 1) where p > 0 (the
+    teacher's side, for completeness: training stops it). q's cotangent is ignored."""
+    log_q, q, log_p = residuals
+    g = cotangents[0][..., None]
+    p = jnp.exp(log_p)
+    d_log_p = jnp.where(p > 0, p * (log_p - log_q + 1.0), 0.0)
+    return g * (q - p), g * d_log_p
+
+
+_forward_kl_and_probs.defvjp(_forward_kl_fwd, _forward_kl_bwd)
 
 
 def topk_teacher_logits(log_probs: ArrayLike, ids: ArrayLike, vocab_size: int) -> jax.Array:

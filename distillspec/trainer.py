@@ -160,17 +160,16 @@ def train_step(
         logits = student.logits(params, inputs)
         if loss.divergence == "ce":
             total, count = losses.cross_entropy(logits, batch["targets"], weights)
-        else:
-            total, count = losses.divergence(
+            sums = {"loss_sum": total, "weight_sum": count}
+        else:  # The loss and the acceptance metric share each distribution's log-softmax.
+            sums = losses.distillation_sums(
                 logits, teacher_logits, weights, loss.divergence, loss.beta
             )
-        return losses.mean(total, count), (total, count, logits)
+        return losses.mean(sums["loss_sum"], sums["weight_sum"]), sums
 
-    grads, (total, count, logits) = jax.grad(objective, has_aux=True)(state.params)
+    grads, sums = jax.grad(objective, has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    metrics = {"loss_sum": total, "weight_sum": count, "grad_norm": optax.global_norm(grads)}
-    if teacher_logits is not None:
-        metrics["acceptance_sum"] = losses.acceptance_proxy(logits, teacher_logits, weights)[0]
+    metrics = {**sums, "grad_norm": optax.global_norm(grads)}
     new_state = TrainState(
         step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
     )

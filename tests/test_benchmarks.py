@@ -143,22 +143,71 @@ def test_bad_dtype_names_the_value_and_the_valid_ones(capsys):
 
 TRAIN_STEP_TIMES = (
     "teacher_forward_ms", "student_fwd_bwd_ms", "packing_ms", "sampling_ms", "batch_fixed_ms",
-    "kd_step_fixed_ms", "kd_step_onpolicy_ms",
+    "kd_step_fixed_ms", "kd_step_onpolicy_ms", "pretrain_step_ms",
 )  # fmt: skip
+IDEAL_PARTS = (
+    "teacher_forward", "sampling", "student_fwd_bwd", "kd_step_onpolicy", "pretrain_step",
+)  # fmt: skip
+
+
+def test_matmul_flops_match_a_hand_count():
+    from distillspec.benchmarks import flops
+
+    # The tiny student: E = 16, one layer, H = Hkv = 2 heads of D = 8, gated MLP of 32, V = 260.
+    # Per position and layer: q, k, v, o 4 x 2*16*16 = 2048; MLP 3 x 2*16*32 = 3072; attention
+    # over 5 keys 2 x 2*2*8*5 = 320. The head 2*16*260 = 8320. 2 rows x 3 positions:
+    assert flops.forward_flops(step_bench.TINY_STUDENT, 2, 3, 5) == 6 * (2048 + 3072 + 320 + 8320)
+    # The tiny teacher: E = 32, two layers, H = 4 query and Hkv = 2 key/value heads of D = 8 (GQA),
+    # gated MLP of 64: q 2*32*32 = 2048, k and v 2*32*16 = 1024 each, o 2048; MLP 3 x 2*32*64 =
+    # 12288; attention 2 x 2*4*8*5 = 640; head 2*32*260 = 16640.
+    per_layer = 2048 + 1024 + 1024 + 2048 + 12288 + 640
+    assert flops.forward_flops(step_bench.TINY_TEACHER, 2, 3, 5) == 6 * (2 * per_layer + 16640)
+    # Sampling N = 3 after P = 4: a cache of S = 8 slots; the prefill's 4 positions see S + 4
+    # keys, each of the 3 steps S + 1.
+    prefill, steps = (2 * 4 * (2048 + 3072 + 2 * 2 * 2 * 8 * 12 + 8320),
+                      2 * 3 * (2048 + 3072 + 2 * 2 * 2 * 8 * 9 + 8320))  # fmt: skip
+    assert flops.sampling_flops(step_bench.TINY_STUDENT, 2, 4, 3) == prefill + steps
+    parts = flops.part_flops(step_bench.TINY_TEACHER, step_bench.TINY_STUDENT, 2, 4, 3, 5, 6)
+    forward = lambda config, rows, length: flops.forward_flops(config, rows, length, length)  # noqa: E731
+    assert parts["teacher_forward"] == forward(step_bench.TINY_TEACHER, 2, 7)
+    assert parts["student_fwd_bwd"] == 3 * forward(step_bench.TINY_STUDENT, 2, 7)
+    assert parts["pretrain_step"] == 3 * forward(step_bench.TINY_TEACHER, 5, 6)
+    assert parts["kd_step_onpolicy"] == (
+        parts["teacher_forward"] + parts["sampling"] + parts["student_fwd_bwd"]
+    )
+    # 2 GFLOP at 100 GFLOP/s: 20 ms ideal; measured in 40 ms: utilisation 0.5.
+    record = flops.utilisation({"x": 2 * 10**9, "t5": None}, {"x_ms": 40.0, "t5_ms": 1.0}, 100.0)
+    assert record == {"x_gflop": 2.0, "x_ideal_ms": 20.0, "x_utilisation": 0.5,
+                      "t5_gflop": None, "t5_ideal_ms": None, "t5_utilisation": None}  # fmt: skip
+    from distillspec.models import T5Config
+
+    assert flops.forward_flops(T5Config(), 1, 1, 1) is None  # No formula: None, not a guess.
 
 
 def test_train_step_benchmark_reports_every_part_of_the_step(tmp_path):
     out = tmp_path / "train_step.json"
     flags = ["--tiny", "--repeats", "3", "--batch_size", "4", "--prompt_length", "16",
              "--completion_length", "8", "--max_examples", "16", "--json", str(out),
-             "--teacher_top_k", "5"]  # fmt: skip
+             "--teacher_top_k", "5", "--pretrain_batch_size", "4",
+             "--pretrain_length", "16"]  # fmt: skip
     record = step_bench.main(flags)
     assert json.loads(out.read_text()) == record
     ratios = ("kd_step_fixed_over_sum", "kd_step_onpolicy_over_sum")
-    missing = [key for key in TRAIN_STEP_TIMES + ratios if key not in record]
+    ideal = tuple(
+        f"{part}_{what}" for part in IDEAL_PARTS for what in ("gflop", "ideal_ms", "utilisation")
+    )
+    keys = TRAIN_STEP_TIMES + ratios + ideal + ("matmul_gflops", "matmul_ms")
+    missing = [key for key in keys if key not in record]
     assert not missing, missing
-    for key in TRAIN_STEP_TIMES + ratios:
+    for key in keys:
         assert math.isfinite(record[key]) and record[key] > 0, (key, record[key])
+    for part in IDEAL_PARTS:  # The figures are their definitions (no speed threshold).
+        ideal_ms = 1e3 * record[f"{part}_gflop"] / record["matmul_gflops"]
+        assert record[f"{part}_ideal_ms"] == pytest.approx(ideal_ms, rel=1e-2, abs=1e-3)
+        assert record[f"{part}_utilisation"] == pytest.approx(
+            record[f"{part}_ideal_ms"] / record[f"{part}_ms"], rel=1e-2, abs=1e-3
+        )
+    assert (record["pretrain_batch_size"], record["pretrain_length"]) == (4, 16)
     # No speed threshold (timed assertions are not allowed); the ratio is its definition.
     parts = record["teacher_forward_ms"] + record["student_fwd_bwd_ms"]
     assert record["kd_step_fixed_over_sum"] == pytest.approx(
@@ -190,3 +239,16 @@ def test_sampler_cost_script_times_every_draw():
     record = script["main"](["--vocab", "16", "--repeats", "3", "--steps", "5000"])
     for key in ("gumbel_max_us", "sampler_us", "argmax_us", "gumbel_over_sampler"):
         assert math.isfinite(record[key]) and record[key] > 0, (key, record)
+
+
+def test_profile_script_puts_each_op_in_a_category():
+    import runpy
+
+    import jax
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "profile_train_step.py"))
+    a, b = jnp.ones((64, 32)), jnp.ones((32, 48))
+    hlo = jax.jit(lambda a, b: jnp.tanh(a @ b).T * 2.0).lower(a, b).compile().as_text()
+    kinds = script["categories"](hlo)
+    assert kinds and {category for category, _ in kinds.values()} <= set(script["CATEGORIES"])
+    assert "matmul" in {category for category, _ in kinds.values()}

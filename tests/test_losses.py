@@ -246,6 +246,76 @@ def test_acceptance_proxy_is_sum_min_and_one_minus_tvd():
     assert float(total) == pytest.approx(one_minus_tvd, rel=1e-5)
 
 
+# ---------------------------------------------------------------- the train step's shared sums
+
+
+def _separate_sums(student, teacher, weights, kind, beta):
+    """The loss and the acceptance metric as separate computations (each its own log-softmax)."""
+    loss, count = losses.divergence(student, teacher, weights, kind, beta)
+    return loss, count, losses.acceptance_proxy(student, teacher, weights)[0]
+
+
+@pytest.mark.parametrize("kind,beta", ALL_KINDS)
+def test_distillation_sums_equal_the_separate_computations(kind, beta):
+    student, teacher = _random_logits(30, (3, 5, 11)), _random_logits(31, (3, 5, 11), 2.0)
+    weights = np.random.default_rng(32).choice([0.0, 0.5, 1.0, 2.0], size=(3, 5)).astype("f4")
+    weights[0, 0] = 0.0  # A masked token: garbage there must not leak into values or gradients.
+    student[0, 0], teacher[0, 0] = 1e30, np.nan
+    shared = lambda s: losses.distillation_sums(s, teacher, weights, kind, beta)  # noqa: E731
+    separate = lambda s: _separate_sums(s, teacher, weights, kind, beta)  # noqa: E731
+    for fn in (lambda f: f, jax.jit):  # Eager and as the train step compiles it.
+        sums = fn(shared)(student)
+        loss, count, acceptance = fn(separate)(student)
+        assert set(sums) == {"loss_sum", "weight_sum", "acceptance_sum"}
+        assert float(sums["weight_sum"]) == float(count)
+        assert float(sums["loss_sum"]) == pytest.approx(float(loss), rel=1e-6, abs=1e-7)
+        assert float(sums["acceptance_sum"]) == pytest.approx(float(acceptance), rel=1e-6)
+        grad = fn(jax.grad(lambda s: shared(s)["loss_sum"]))(jnp.asarray(student))
+        want = fn(jax.grad(lambda s: separate(s)[0]))(jnp.asarray(student))
+        np.testing.assert_allclose(np.asarray(grad), np.asarray(want), rtol=1e-5, atol=1e-7)
+        assert float(jnp.abs(grad[0, 0]).max()) == 0.0
+        # The metric carries no gradient (it is logged, not trained on).
+        no_grad = fn(jax.grad(lambda s: shared(s)["acceptance_sum"]))(jnp.asarray(student))
+        assert float(jnp.abs(no_grad).max()) == 0.0
+
+
+@pytest.mark.parametrize("kind,beta", ALL_KINDS)
+def test_distillation_sums_gradients_finite(kind, beta):
+    weights = np.ones((2, 3), np.float32)
+    for name, student, teacher in _extreme_cases():
+        if kind == "rkl" and np.isneginf(teacher).any():
+            continue  # KL(q || p) is +inf where p = 0 < q, by definition
+
+        def shared(s, t=teacher):
+            return losses.distillation_sums(s, t, weights, kind, beta)["loss_sum"]
+
+        loss, grad = jax.value_and_grad(shared)(jnp.asarray(student))
+        want = jax.grad(lambda s, t=teacher: losses.divergence(s, t, weights, kind, beta)[0])
+        assert np.isfinite(float(loss)) and bool(jnp.isfinite(grad).all()), name
+        np.testing.assert_allclose(grad, want(jnp.asarray(student)), atol=1e-6, err_msg=name)
+
+
+def test_distillation_sums_forward_kl_teacher_gradient_is_autodiffs():
+    # The custom VJP's teacher side (training stops it; kept right for any other caller).
+    student, teacher = _random_logits(33), _random_logits(34)
+    weights = np.array([[1.0, 0.0, 2.0], [0.5, 1.0, 1.0]], np.float32)
+    shared = jax.grad(lambda t: losses.distillation_sums(student, t, weights, "fkl")["loss_sum"])
+    separate = jax.grad(lambda t: losses.divergence(student, t, weights, "fkl")[0])
+    np.testing.assert_allclose(
+        shared(jnp.asarray(teacher)), separate(jnp.asarray(teacher)), rtol=1e-5, atol=1e-7
+    )
+
+
+def test_distillation_sums_validate_like_divergence():
+    logits = _random_logits(35)
+    with pytest.raises(ValueError, match="'kl'"):
+        losses.distillation_sums(logits, logits, np.ones((2, 3)), "kl")
+    with pytest.raises(ValueError, match="beta"):
+        losses.distillation_sums(logits, logits, np.ones((2, 3)), "jsd", 1.5)
+    with pytest.raises(ValueError, match="weights"):
+        losses.distillation_sums(logits, logits, np.ones((2, 4)), "fkl")
+
+
 # ---------------------------------------------------------------- cross entropy, mean, errors
 
 

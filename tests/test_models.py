@@ -192,3 +192,86 @@ def test_prefill_rejects_prompt_longer_than_cache(decoder_only):
     if model.config.position_embedding == "learned":
         with pytest.raises(ValueError, match="max_positions=64"):
             model.prefill(params, jnp.ones((1, 6), jnp.int32), jnp.array([6]), 65)
+
+
+# ---------------------------------------------------------------- the dense layers' backward pass
+
+CONTRACTIONS = [((3, 5, 8), (8, 6), 1), ((3, 5, 8), (8, 2, 3), 1), ((3, 5, 2, 4), (2, 4, 6), 2)]
+
+
+def _plain_contract(x, kernel, num_in_axes):
+    return jnp.tensordot(x, kernel, axes=num_in_axes, preferred_element_type=jnp.float32)
+
+
+def _plain_contract_rows(x, table):
+    return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("x_shape,kernel_shape,num_in_axes", CONTRACTIONS)
+def test_contract_gradients_equal_autodiffs(x_shape, kernel_shape, num_in_axes, dtype):
+    from distillspec.models import layers
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    x = jax.random.normal(keys[0], x_shape).astype(dtype)
+    kernel = jax.random.normal(keys[1], kernel_shape).astype(dtype)
+    loss = lambda fn: lambda x, k: jnp.sum(jnp.sin(fn(x, k, num_in_axes)))  # noqa: E731
+    got = jax.value_and_grad(loss(layers.contract), argnums=(0, 1))(x, kernel)
+    want = jax.value_and_grad(loss(_plain_contract), argnums=(0, 1))(x, kernel)
+    _assert_same_gradients(got, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_contract_rows_gradients_equal_autodiffs(dtype):
+    from distillspec.models import layers
+
+    keys = jax.random.split(jax.random.PRNGKey(1), 2)
+    x = jax.random.normal(keys[0], (3, 5, 8)).astype(dtype)
+    table = jax.random.normal(keys[1], (11, 8)).astype(dtype)
+    loss = lambda fn: lambda x, t: jnp.sum(jnp.sin(fn(x, t)))  # noqa: E731
+    got = jax.value_and_grad(loss(layers.contract_rows), argnums=(0, 1))(x, table)
+    want = jax.value_and_grad(loss(_plain_contract_rows), argnums=(0, 1))(x, table)
+    _assert_same_gradients(got, want, dtype)
+
+
+def _assert_same_gradients(got, want, dtype):
+    (value, grads), (want_value, want_grads) = got, want
+    # float32: the same products, up to summation order; bfloat16: up to one rounding of it.
+    rtol, atol = (1e-5, 1e-6) if dtype == "float32" else (2e-2, 2e-2)
+    np.testing.assert_allclose(float(value), float(want_value), rtol=1e-6)
+    for grad, want_grad in zip(grads, want_grads):
+        assert grad.dtype == want_grad.dtype == jnp.dtype(dtype)
+        np.testing.assert_allclose(
+            np.float32(grad), np.float32(want_grad), rtol=rtol, atol=atol * np.abs(want_grad).max()
+        )
+
+
+@pytest.mark.parametrize("config", [GPT2_LIKE, LLAMA_LIKE, T5_TINY], ids=["gpt2", "llama", "t5"])
+def test_model_gradients_equal_plain_autodiffs(config, monkeypatch):
+    """Every parameter's gradient (lm head, tied embedding, SwiGLU gate, attention projections)
+    through the layers' custom VJP equals jax.grad of the plain contractions."""
+    from distillspec.models import layers
+
+    model = T5LM(config) if isinstance(config, T5Config) else DecoderOnlyLM(config)
+    params = model.init(jax.random.PRNGKey(2))
+    tokens, _ = _ragged_sequences(2, 12, seed=3)
+    batch = {"decoder_input_tokens": tokens, "encoder_input_tokens": tokens}
+    targets = np.roll(tokens, -1, axis=1)
+
+    def loss(params):
+        log_q = jax.nn.log_softmax(model.logits(params, batch))
+        return -jnp.mean(jnp.take_along_axis(log_q, targets[..., None], axis=-1))
+
+    got = jax.jit(jax.value_and_grad(loss))(params)
+    monkeypatch.setattr(layers, "contract", _plain_contract)
+    monkeypatch.setattr(layers, "contract_rows", _plain_contract_rows)
+    want = jax.jit(jax.value_and_grad(loss))(params)
+    assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-6)
+    flat, want_flat = jax.tree.leaves_with_path(got[1]), jax.tree.leaves(want[1])
+    # Absolute tolerance on the largest gradient's scale: some are 0 but for rounding (GPT-2's
+    # key bias: softmax ignores a shift shared by all keys), 1e-9 either way.
+    scale = max(float(np.abs(g).max()) for g in want_flat)
+    for (path, grad), want_grad in zip(flat, want_flat):
+        np.testing.assert_allclose(
+            grad, want_grad, rtol=1e-4, atol=1e-6 * scale, err_msg=jax.tree_util.keystr(path)
+        )

@@ -1,7 +1,7 @@
 """Where a distillation step's time goes: the trainer's step against its parts.
 
     python -m distillspec.benchmarks.train_step --json OUT.json [--teacher DIR --student DIR] \\
-        [--batch_size 16] [--repeats 20] [--tiny]
+        [--batch_size 16] [--repeats 20] [--tiny] [--pretrain_batch_size 32 --pretrain_length 128]
 
 Measures in one process, with compilation excluded (every function runs once untimed first)
 and the functions below interleaved (one call of each per repeat, `timing.interleaved_items`),
@@ -30,7 +30,23 @@ the medians over repeats in ms per step; each call ends with its outputs ready o
   kd_step_fixed_cached_ms     with --teacher_top_k K: the fixed-data step reading the teacher's
                         cached top-K (`distillspec.teacher_cache`) instead of running the teacher:
                         the batch's rows of the cache assembled on the host, then the step;
-  teacher_cache_saving        kd_step_fixed_ms / kd_step_fixed_cached_ms.
+  teacher_cache_saving        kd_step_fixed_ms / kd_step_fixed_cached_ms;
+  pretrain_step_ms      the teacher's pretraining step: `trainer.compile_train_step` with the
+                        teacher as the student, cross-entropy, the same optimizer, on
+                        --pretrain_batch_size x --pretrain_length random tokens (the main job
+                        pretrains its target at 32 x 128), its state fed back as above;
+  matmul_ms, matmul_gflops    a jitted float32 [4096, 256] x [256, 1024] product, interleaved
+                        with the rest (so under the same load): the machine's matmul rate;
+  {part}_gflop, {part}_ideal_ms, {part}_utilisation   for part in teacher_forward, sampling,
+                        student_fwd_bwd, kd_step_onpolicy (the first three together) and
+                        pretrain_step: the part's model matmul FLOPs (`benchmarks.flops`: a
+                        backward pass is 2x its forward, sampling runs all completion_length
+                        steps), the time they take at matmul_gflops, and ideal / measured. A
+                        utilisation of 1 is a part that does nothing but its models' matmuls,
+                        at the reference product's rate; what keeps it below is the part's
+                        other work (softmaxes, the loss, copies, the optimizer, per-step
+                        overheads, small products running below the reference rate). None for
+                        a model that is not decoder-only.
 The two timed train steps each feed their returned (donated) state back in, so parameters and
 optimizer state evolve as in training. Ratios are of the reported medians; absolute times are
 context only (they depend on the machine and its load). Also reported: the shapes, the models'
@@ -57,7 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec import datagen, tasks, teacher_cache, trainer
-from distillspec.benchmarks import emit
+from distillspec.benchmarks import emit, flops
 from distillspec.evaluation.timing import interleaved_items, megabytes
 from distillspec.models import DecoderOnlyLM, TransformerConfig, load_checkpoint
 from distillspec.models.base import TruncatedVocabulary
@@ -134,6 +150,41 @@ def _cached_step(models, local, batch, top_k: int, step, state):
     return run
 
 
+def _reference_fns(models: trainer.Models, optimizer, pretrain_shape, seed: int) -> dict:
+    """{'pretrain_step': the teacher's pretraining step, 'matmul': the reference product}."""
+    rows, length = pretrain_shape
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, models.teacher.vocab_size, size=(rows, length + 1)).astype(np.int32)
+    batch = {
+        "decoder_input_tokens": jnp.asarray(tokens[:, :-1]),
+        "targets": jnp.asarray(tokens[:, 1:]),
+        "weights": jnp.ones((rows, length), jnp.float32),
+    }
+    ce = trainer.LossConfig(divergence="ce")
+    step = trainer.compile_train_step(models.teacher, None, ce, optimizer)
+    states = [trainer.init_state(jax.tree.map(jnp.copy, models.teacher_params), optimizer)]
+
+    def pretrain_step():
+        states[0], metrics = step(states[0], None, batch)
+        _ready((states[0], metrics))
+
+    m, k, n = flops.MATMUL_SHAPE
+    a = jax.random.normal(jax.random.PRNGKey(seed), (m, k), jnp.float32)
+    b = jax.random.normal(jax.random.PRNGKey(seed + 1), (k, n), jnp.float32)
+    product = jax.jit(jnp.matmul)
+    return {"pretrain_step": pretrain_step, "matmul": lambda: _ready(product(a, b))}
+
+
+def _utilisation(models: trainer.Models, ms: dict, batch, local, pretrain_shape) -> dict:
+    """matmul_gflops and every part's ideal time and utilisation (`flops.utilisation`)."""
+    gflops = flops.product_flops(*flops.MATMUL_SHAPE) / (ms["matmul_ms"] * 1e6)
+    counts = flops.part_flops(
+        models.teacher.config, models.student.config, batch["decoder_input_tokens"].shape[0],
+        local["prompt_tokens"].shape[1], local["completion_tokens"].shape[1], *pretrain_shape,
+    )  # fmt: skip
+    return {"matmul_gflops": round(gflops, 3), **flops.utilisation(counts, ms, gflops)}
+
+
 def measure(
     models: trainer.Models,
     params,
@@ -145,6 +196,7 @@ def measure(
     repeats: int,
     temperature: float = 1.0,
     teacher_top_k: int = 0,
+    pretrain_shape: tuple[int, int] = (32, 128),
 ) -> dict:
     """The interleaved timings of the module docstring -> the record's timing fields."""
     optimizer = trainer.make_optimizer(optimizer_config, TRAIN_STEPS)
@@ -205,6 +257,7 @@ def measure(
         "batch_fixed": batch_fixed,
         "kd_step_fixed": kd_step_fixed,
         "kd_step_onpolicy": kd_step_onpolicy,
+        **_reference_fns(models, optimizer, pretrain_shape, loop.seed),
     }
     if teacher_top_k:
         fns["kd_step_fixed_cached"] = _cached_step(
@@ -214,7 +267,7 @@ def measure(
     _, seconds = interleaved_items(fns, [()], repeats, shape_of=lambda item: ())
     ms = {f"{name}_ms": 1e3 * s for name, s in seconds.items()}
     parts = ms["teacher_forward_ms"] + ms["student_fwd_bwd_ms"]
-    extra = {}
+    extra = _utilisation(models, ms, batch, local, pretrain_shape)
     if teacher_top_k:
         extra["teacher_cache_saving"] = round(
             ms["kd_step_fixed_ms"] / ms["kd_step_fixed_cached_ms"], 4
@@ -250,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--optimizer", default="adamw", help=f"of {trainer.OPTIMIZERS}")
     parser.add_argument("--temperature", type=float, default=1.0, help="on-policy sampling")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pretrain_batch_size", type=int, default=32, help="pretraining step")
+    parser.add_argument("--pretrain_length", type=int, default=128, help="pretraining step")
     parser.add_argument(
         "--teacher_top_k",
         type=int,
@@ -283,12 +338,15 @@ def main(argv=None) -> dict:
     )
     print(f"measuring {description}, batch {args.batch_size} ...", file=sys.stderr, flush=True)
     timings = measure(models, params, data, tokenizer.eos_id, loop, loss, optimizer,
-                      args.repeats, args.temperature, args.teacher_top_k)  # fmt: skip
+                      args.repeats, args.temperature, args.teacher_top_k,
+                      (args.pretrain_batch_size, args.pretrain_length))  # fmt: skip
     record = {
         **timings,
         "batch_size": args.batch_size,
         "prompt_length": args.prompt_length,
         "completion_length": args.completion_length,
+        "pretrain_batch_size": args.pretrain_batch_size,
+        "pretrain_length": args.pretrain_length,
         "repeats": args.repeats,
         "divergence": args.divergence,
         "optimizer": args.optimizer,

@@ -58,6 +58,67 @@ def fan_in_init(scale: float, num_in_axes: int) -> Initializer:
     return init
 
 
+def _as_matrices(x: jax.Array, kernel: jax.Array, num_in_axes: int, g: jax.Array):
+    """(x [N, K], kernel [K, F], g [N, F]): the contraction's operands as plain matrices (row-major
+    reshapes, free)."""
+    k = math.prod(kernel.shape[:num_in_axes])
+    x2 = x.reshape(-1, k)
+    return x2, kernel.reshape(k, -1), g.reshape(x2.shape[0], -1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def contract(x: jax.Array, kernel: jax.Array, num_in_axes: int) -> jax.Array:
+    """x[..., *in] . kernel[*in, *out] -> float32 [..., *out] (`jnp.tensordot`, float32
+    accumulation), with a backward pass that writes each gradient in its operand's layout.
+
+    Autodiff's own backward computes the kernel's gradient as (g^T x) and transposes it; XLA:CPU
+    then materialises a transposed copy of g, the largest array of the product ([N, V] for an lm
+    head: ~30% of a small model's training step). Here dkernel = x^T g is one product of x [N, K]
+    and g [N, F] over N, giving [K, F] directly; the values are autodiff's (one float32 product
+    either way), and each gradient comes back in its operand's dtype, as autodiff's does.
+    """
+    return jnp.tensordot(x, kernel, axes=num_in_axes, preferred_element_type=jnp.float32)
+
+
+def _contract_fwd(x, kernel, num_in_axes):
+    return contract(x, kernel, num_in_axes), (x, kernel)
+
+
+def _contract_bwd(num_in_axes, residuals, g):
+    x, kernel = residuals
+    x2, k2, g2 = _as_matrices(x, kernel, num_in_axes, g)
+    f32 = jnp.float32
+    dx = jax.lax.dot_general(g2, k2, (((1,), (1,)), ((), ())), preferred_element_type=f32)
+    dk = jax.lax.dot_general(x2, g2, (((0,), (0,)), ((), ())), preferred_element_type=f32)
+    return dx.reshape(x.shape).astype(x.dtype), dk.reshape(kernel.shape).astype(kernel.dtype)
+
+
+contract.defvjp(_contract_fwd, _contract_bwd)
+
+
+@jax.custom_vjp
+def contract_rows(x: jax.Array, table: jax.Array) -> jax.Array:
+    """x[..., E] . table[V, E]^T -> float32 [..., V] (a tied lm head), with `contract`'s backward:
+    dtable = g^T x is one product over N giving [V, E] directly."""
+    return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32)
+
+
+def _contract_rows_fwd(x, table):
+    return contract_rows(x, table), (x, table)
+
+
+def _contract_rows_bwd(residuals, g):
+    x, table = residuals
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    f32 = jnp.float32
+    dx = jax.lax.dot_general(g2, table, (((1,), (0,)), ((), ())), preferred_element_type=f32)
+    dt = jax.lax.dot_general(g2, x2, (((0,), (0,)), ((), ())), preferred_element_type=f32)
+    return dx.reshape(x.shape).astype(x.dtype), dt.astype(table.dtype)
+
+
+contract_rows.defvjp(_contract_rows_fwd, _contract_rows_bwd)
+
+
 class DenseGeneral(nn.Module):
     """y = x[..., *in] . kernel[*in, *features] (+ bias[*features]).
 
@@ -82,12 +143,7 @@ class DenseGeneral(nn.Module):
             tuple(in_shape) + tuple(self.features),
             jnp.float32,
         )
-        y = jnp.tensordot(
-            x.astype(self.dtype),
-            kernel.astype(self.dtype),
-            axes=self.num_in_axes,
-            preferred_element_type=jnp.float32,
-        )
+        y = contract(x.astype(self.dtype), kernel.astype(self.dtype), self.num_in_axes)
         if self.use_bias:
             bias_axes = self.axes[self.num_in_axes :]
             init = nn.with_logical_partitioning(nn.initializers.zeros_init(), bias_axes)
@@ -115,10 +171,7 @@ class Embed(nn.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """x [..., features] -> float32 logits [..., num_embeddings] (tied lm head)."""
-        table = self.embedding.astype(self.dtype)
-        return jnp.einsum(
-            "...e,ve->...v", x.astype(self.dtype), table, preferred_element_type=jnp.float32
-        )
+        return contract_rows(x.astype(self.dtype), self.embedding.astype(self.dtype))
 
 
 class Norm(nn.Module):

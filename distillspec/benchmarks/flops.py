@@ -1,0 +1,86 @@
+"""The models' matmul FLOPs per training-step part, and the ideal time they take at a measured
+matmul rate (`python -m distillspec.benchmarks.train_step`'s `*_ideal_ms`, `*_utilisation`).
+
+Counted as the decoder-only model (`distillspec.models.TransformerConfig`) computes them: every
+product 2 m k n FLOPs; per position and layer the q, k, v, o projections and the feed-forward
+block's two (three if gated) products, per position the lm head, and attention's two products
+(scores and the weighted values) over every key the model computes, masked ones included (all T
+positions in teacher forcing, the whole cache when decoding). Embedding lookups, norms,
+softmaxes, the loss and the optimizer are not matmuls and count 0: they are what a part spends
+above its ideal. A backward pass is 2x its forward (the gradients of each product's two
+operands), so a training step is 3x a forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The rate's reference product, [M, K] x [K, N] in float32: the shape of a hidden layer's
+# product at 4096 positions (the issue that asked for the figures measured this one).
+MATMUL_SHAPE = (4096, 256, 1024)
+
+
+def product_flops(m: int, k: int, n: int) -> int:
+    """FLOPs of an [m, k] x [k, n] product (a multiply and an add per term)."""
+    return 2 * m * k * n
+
+
+def forward_flops(config: Any, rows: int, tokens: int, keys: int) -> int | None:
+    """Matmul FLOPs of a forward pass over rows x tokens positions, each attending over `keys`
+    keys; None for a model that is not decoder-only (no formula here)."""
+    if not hasattr(config, "num_kv_heads") or not hasattr(config, "gated_mlp"):
+        return None
+    e, h, kv, d = config.embed_dim, config.num_heads, config.num_kv_heads, config.head_dim
+    projections = product_flops(1, e, (h + 2 * kv) * d) + product_flops(1, h * d, e)
+    mlp = (3 if config.gated_mlp else 2) * product_flops(1, e, config.mlp_dim)
+    attention = 2 * product_flops(1, d, keys) * h  # q.k over the keys, then probs.v.
+    per_position = config.num_layers * (projections + mlp + attention)
+    return rows * tokens * (per_position + product_flops(1, e, config.vocab_size))
+
+
+def sampling_flops(config: Any, rows: int, prompt_length: int, new_tokens: int) -> int | None:
+    """Matmul FLOPs of sampling `new_tokens` per row after a padded prompt, as
+    `decoding.generate` runs it: a prefill of the prompt into a cache of S = P + N + 1 slots
+    (each prompt position attending over the cache and the prompt), then N one-token steps
+    (each over the cache and itself); every row samples all N (EOS only shortens rows whose
+    loop is not the batch's longest)."""
+    slots = prompt_length + new_tokens + 1
+    prefill = forward_flops(config, rows, prompt_length, slots + prompt_length)
+    steps = forward_flops(config, rows, new_tokens, slots + 1)
+    return None if prefill is None else prefill + steps
+
+
+def part_flops(
+    teacher: Any, student: Any, rows: int, prompt_length: int, new_tokens: int,
+    pretrain_rows: int, pretrain_length: int,
+) -> dict[str, int | None]:  # fmt: skip
+    """{part: matmul FLOPs} for the train-step benchmark's parts, on a packed decoder-only batch
+    of rows x (prompt_length + new_tokens) positions: the teacher's forward, the student's
+    sampling, the student's forward and backward, the whole on-policy step (their sum), and the
+    teacher's pretraining step on pretrain_rows x pretrain_length positions."""
+    length = prompt_length + new_tokens
+    teacher_forward = forward_flops(teacher, rows, length, length)
+    student_forward = forward_flops(student, rows, length, length)
+    pretrain_forward = forward_flops(teacher, pretrain_rows, pretrain_length, pretrain_length)
+    flops = {
+        "teacher_forward": teacher_forward,
+        "sampling": sampling_flops(student, rows, prompt_length, new_tokens),
+        "student_fwd_bwd": None if student_forward is None else 3 * student_forward,
+        "pretrain_step": None if pretrain_forward is None else 3 * pretrain_forward,
+    }
+    parts = [flops[k] for k in ("teacher_forward", "sampling", "student_fwd_bwd")]
+    flops["kd_step_onpolicy"] = None if None in parts else sum(parts)
+    return flops
+
+
+def utilisation(flops: dict[str, int | None], ms: dict[str, float], gflops: float) -> dict:
+    """Per part: `{part}_gflop`, `{part}_ideal_ms` (its matmul FLOPs at `gflops` GFLOP/s) and
+    `{part}_utilisation` (ideal / measured `{part}_ms`); None where no formula applies."""
+    record = {}
+    for part, count in flops.items():
+        ideal = None if count is None else 1e3 * count / (gflops * 1e9)
+        record[f"{part}_gflop"] = None if count is None else round(count / 1e9, 6)
+        record[f"{part}_ideal_ms"] = None if ideal is None else round(ideal, 4)
+        measured = ms[f"{part}_ms"]
+        record[f"{part}_utilisation"] = None if ideal is None else round(ideal / measured, 4)
+    return record
