@@ -10,15 +10,16 @@ Llama-style target and its early-exit draft, memory-bound on a CPU) with random-
   1. features (DISCO App. D) on --train_prompts prompts, the stop classifier, its F1 against the
      best static-SL rule on the validation prompts;
   2. latency tuning on --validation_prompts prompts (batch 1, greedy): static SL-opt, and
-     threshold / SL_max / keep_last of the confidence and DISCO rules;
+     threshold / SL_max / keep_last of the confidence and DISCO rules and of SpecDec++'s
+     cumulative rule (and its source of acceptance estimates: the classifier or the draft);
   3. every policy timed on --test_prompts other prompts, interleaved per prompt, median of
      --timing_repeats calls, compilation excluded (`evaluation.policies.measure_policies`).
 
 Prints one JSON object: per policy measured and modeled latency (ms per token; modeled = counted
 calls priced with measured call costs, `evaluation.timing.modeled_latency_ms`), speed-up against the
 target alone, mean SL, tau and exactness (output identical to the target's greedy output), and
-the headline ratios `disco_vs_static_opt_pct` and `oracle_vs_static_opt_pct` (latency
-reduction, %; `modeled_` ones from the modeled latency).
+the headline ratios `disco_vs_static_opt_pct`, `cumulative_vs_static_opt_pct` and
+`oracle_vs_static_opt_pct` (latency reduction, %; `modeled_` ones from the modeled latency).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from distillspec.benchmarks import emit
 from distillspec.benchmarks.speculative import TARGET, reference_pair
 from distillspec.disco.classifier import best_static_sl, classifier_f1, train_classifier
 from distillspec.disco.features import extract_features
-from distillspec.disco.tuning import tune_policies
+from distillspec.disco.tuning import CUMULATIVE_THRESHOLDS, tune_policies
 from distillspec.evaluation.policies import measure_policies, resolve_policies
 from distillspec.evaluation.timing import call_cost_timers, megabytes
+from distillspec.lookahead import SOURCES
 from distillspec.records import policy_list
 
 
@@ -62,14 +64,17 @@ def _result(measured, tuning, costs, classifier, valid_examples, examples, args)
         opt = measured["static-opt"][key]
         return round(100.0 * (opt - measured[name][key]) / opt, 2)
 
+    headline = ("disco", "cumulative", "oracle")
     return {
-        "disco_vs_static_opt_pct": reduction("disco"),
-        "oracle_vs_static_opt_pct": reduction("oracle"),
-        "modeled_disco_vs_static_opt_pct": reduction("disco", "modeled_latency_ms"),
-        "modeled_oracle_vs_static_opt_pct": reduction("oracle", "modeled_latency_ms"),
+        **{f"{name}_vs_static_opt_pct": reduction(name) for name in headline},
+        **{
+            f"modeled_{name}_vs_static_opt_pct": reduction(name, "modeled_latency_ms")
+            for name in headline
+        },
         "all_exact": all(m["exact"] for m in measured.values()),
         "static_opt": tuning["static_opt"],
         "disco": tuning["disco"],
+        "cumulative": tuning["cumulative"],
         "confidence": tuning["confidence"],
         "f1_disco": round(classifier_f1(classifier, valid_examples), 4),
         "f1_static_sl": round(static_f1, 4),
@@ -111,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--static_sl", type=int, nargs="+", default=list(range(1, 9)))
     parser.add_argument("--sl_max_grid", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--threshold_grid", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.9])
+    parser.add_argument(
+        "--cumulative_threshold_grid", type=float, nargs="+", default=list(CUMULATIVE_THRESHOLDS),
+        help="the cumulative rule's thresholds on P(some draft of the round is rejected)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cumulative_sources", nargs="+", default=list(SOURCES), choices=SOURCES,
+        help="the cumulative rule's acceptance estimates: DISCO's classifier, the draft's own",
+    )  # fmt: skip
     parser.add_argument("--oracle_sl_max", type=int, default=32)
     parser.add_argument("--timing_repeats", type=int, default=3, help="per test prompt (median)")
     return parser
@@ -138,7 +151,9 @@ def main(argv=None) -> dict:
     tuning = tune_policies(
         target, target_params, draft, draft_params, valid, classifier,
         static_sl=args.static_sl, sl_max_grid=args.sl_max_grid,
-        threshold_grid=args.threshold_grid, **common,
+        threshold_grid=args.threshold_grid,
+        cumulative_threshold_grid=args.cumulative_threshold_grid,
+        cumulative_sources=args.cumulative_sources, **common,
     )  # fmt: skip
     policies = resolve_policies(
         policy_list(args.static_sl),
