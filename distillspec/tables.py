@@ -347,12 +347,11 @@ def policy_table(
 
     Rows are grouped by (task, split), then by draft (`baseline` first, then `distilled`, then
     the others alphabetically), then ordered by policy: target, static-1, static-2, ... (by k),
-    static-opt, heuristic, confidence, disco, cumulative, oracle, and unknown names
-    alphabetically. Each row holds task, split, draft, policy, sl_max, threshold, latency_ms,
-    speedup, mean_sl, tau, alpha, exact and vs_static_opt_pct, the latency reduction relative
-    to the static-opt record of the same task, split and draft: 100 * (latency(static-opt) -
-    latency) / latency(static-opt) (positive: faster than static-opt; None without such a
-    record). Missing values are None.
+    static-opt, heuristic, confidence, disco, cumulative, oracle, unknown names alphabetically.
+    Each row holds task, split, draft, policy, sl_max, threshold, latency_ms, speedup, mean_sl,
+    tau, alpha, exact and vs_static_opt_pct, the latency reduction relative to the static-opt
+    record of the same task, split and draft: 100 * (latency(static-opt) - latency) /
+    latency(static-opt) (positive: faster; None without such a record). Missing values: None.
     """
     latest = _latest_policies(records, baseline, distilled)
     rows = []

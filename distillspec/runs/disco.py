@@ -67,16 +67,13 @@ def disco(
     """DISCO for each draft: classifier, tuning, and the DISCO Table 1 evaluation.
 
     Per draft (a Hugging Face or T5X checkpoint directory): features on num_train_prompts of
-    train_set and on num_validation_prompts of validation_set; the classifier; F1 against the
+    train_set and num_validation_prompts of validation_set; the classifier; its F1 against the
     best static-SL rule on validation (Table 4); latency tuning on validation of static SL-opt
-    and of threshold and SL_max for the confidence and DISCO rules and SpecDec++'s cumulative
-    rule (its thresholds cumulative_threshold_grid, its acceptance estimate from each of
-    cumulative_sources); everything saved in `<draft>/disco/` with the draft's fingerprint (a
-    rerun reuses it unless retrain=True, the draft changed, or the saved tuning lacks a tuned
-    policy: one saved before the cumulative rule existed is made anew). Then every policy is
-    timed at batch 1 on num_prompts of each eval set (greedy), and one record per (eval set,
-    draft, policy) is appended to OUTPUT_DIR/records.jsonl; disco_table.md, oracle_sl_hist.png
-    and disco_f1.md (Table 4) are written there and the tables are printed.
+    and the confidence, DISCO and cumulative rules (`TuningConfig`), all saved in
+    `<draft>/disco/` with the draft's fingerprint (reused unless retrain=True, the draft
+    changed, or the saved tuning lacks a rule). Then every policy is timed at batch 1 on
+    num_prompts of each eval set (greedy): one record per (eval set, draft, policy) appended to
+    OUTPUT_DIR/records.jsonl, disco_table.md, oracle_sl_hist.png, disco_f1.md written, printed.
     """
     # Every classifier and tuning setting is checked before any model is loaded.
     classifier_config = ClassifierConfig(
@@ -85,11 +82,10 @@ def disco(
         seed=seed,
     )  # fmt: skip
     tuning_config = TuningConfig(
-        static_sl=tuple(static_sl), sl_max_grid=tuple(sl_max_grid),
-        threshold_grid=tuple(threshold_grid), keep_last_grid=tuple(keep_last_grid),
-        cumulative_threshold_grid=tuple(cumulative_threshold_grid),
-        cumulative_sources=tuple(cumulative_sources), heuristic_start=heuristic_start,
-        oracle_sl_max=oracle_sl_max, timing_repeats=timing_repeats,
+        static_sl=static_sl, sl_max_grid=sl_max_grid, threshold_grid=threshold_grid,
+        keep_last_grid=keep_last_grid, cumulative_threshold_grid=cumulative_threshold_grid,
+        cumulative_sources=cumulative_sources, heuristic_start=heuristic_start,
+        oracle_sl_max=oracle_sl_max, timing_repeats=timing_repeats,  # Made tuples there.
     )  # fmt: skip
     tokenizer, target, target_params, loaded, names = open_run(
         "disco", output_dir, target_checkpoint, drafts, vocabulary,
