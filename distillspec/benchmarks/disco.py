@@ -1,6 +1,7 @@
-"""DISCO against its baselines where speculative decoding pays: the memory-bound reference pair.
+"""DISCO against its baselines where speculative decoding pays: the memory-bound reference pairs.
 
     python -m distillspec.benchmarks.disco --json OUT.json
+    python -m distillspec.benchmarks.disco --pair trained --draft distilled --json OUT.json
 
 On a 2-core CPU the embedded default's tiny models are compute-bound (verifying k tokens costs
 about k target steps), so no lookahead policy beats the target alone there. This benchmark runs
@@ -19,18 +20,34 @@ Prints one JSON object: per policy measured and modeled latency (ms per token; m
 calls priced with measured call costs, `evaluation.timing.modeled_latency_ms`), speed-up against the
 target alone, mean SL, tau and exactness (output identical to the target's greedy output), and
 the headline ratios `disco_vs_static_opt_pct`, `cumulative_vs_static_opt_pct` and
-`oracle_vs_static_opt_pct` (latency reduction, %; `modeled_` ones from the modeled latency).
+`oracle_vs_static_opt_pct` (latency reduction, %; `modeled_` ones from the modeled latency),
+and the pair's measured `c` (a draft step in the loop's context / a target call) and `r_gamma`
+(a target call scoring static SL-opt + 1 positions / scoring 1; `pair_costs`).
+
+--pair trained (after python -m distillspec.quickstart) runs the same pipeline on a trained pair:
+the main job's trained target padded with blocks whose residual output projections are zero
+(logits bit-identical to the trained target's; `padded_target`) to >= --target_mb MB of
+weights (or by --pad_layers blocks), its trained --draft ('standard' or 'distilled') from
+--run_dir, and prompts of --task's train, validation and test splits (greedy decoding stops at
+EOS). --pair random (the default) is the early-exit pair above.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import jax
 import numpy as np
 
 from distillspec.benchmarks import emit
+from distillspec.benchmarks.padded_target import (
+    DRAFT_EXPORTS,
+    TARGET_EXPORT,
+    task_prompts,
+    trained_pair,
+)
 from distillspec.benchmarks.speculative import TARGET, reference_pair
 from distillspec.disco.classifier import best_static_sl, classifier_f1, train_classifier
 from distillspec.disco.features import extract_features
@@ -106,6 +123,21 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line (tests/test_docs.py checks the docs' flags against it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write the result here too")
+    parser.add_argument(
+        "--pair", choices=("random", "trained"), default="random",
+        help="random: the early-exit reference pair, random-token prompts; trained: the main "
+        "job's trained target, padded (logits unchanged), and its trained --draft, task prompts",
+    )  # fmt: skip
+    parser.add_argument("--draft", choices=tuple(DRAFT_EXPORTS), default="distilled",
+                        help="--pair trained: the main job's draft")  # fmt: skip
+    parser.add_argument("--run_dir", default=os.path.join("runs", "quickstart"),
+                        help="--pair trained: the main job's output directory")  # fmt: skip
+    parser.add_argument("--target_mb", type=float, default=256.0,
+                        help="--pair trained: pad the target to at least this many MB")  # fmt: skip
+    parser.add_argument("--pad_layers", type=int, help="--pair trained: blocks to add instead")
+    parser.add_argument("--task", default="stdlib_code",
+                        help="--pair trained: prompts of its train, validation, test")  # fmt: skip
+    parser.add_argument("--vocabulary", help="--pair trained: tokenizer (default: the target's)")
     parser.add_argument("--train_prompts", type=int, default=128)
     parser.add_argument("--validation_prompts", type=int, default=6)
     parser.add_argument("--test_prompts", type=int, default=12)
@@ -129,17 +161,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _pair_and_prompts(args):
+    """(pair, {'train', 'validation', 'test': batch-1 prompts}, eos_id) of --pair."""
+    counts = {"train": args.train_prompts, "validation": args.validation_prompts,
+              "test": args.test_prompts}  # fmt: skip
+    if args.pair == "random":
+        pair = reference_pair(args.draft_layers, args.deep_residual_scale)
+        seeds = {"train": 1, "validation": 2, "test": 3}
+        return pair, {s: _prompts(n, args.prompt_length, seeds[s]) for s, n in counts.items()}, None
+    pair = trained_pair(args.run_dir, args.draft, args.target_mb, args.pad_layers)
+    checkpoint = os.path.join(args.run_dir, TARGET_EXPORT)
+    prompts, eos_id = task_prompts(checkpoint, args.vocabulary, args.task, counts,
+                                   args.prompt_length)  # fmt: skip
+    return pair, prompts, eos_id
+
+
+def pair_costs(costs, static_opt: int) -> dict:
+    """c (a draft step in the loop's context / a target call scoring 1 position) and r_gamma
+    (a target call scoring static_opt + 1 positions / scoring 1) from `timing.call_costs`,
+    and whether they are in the memory-bound regime (c <= 0.1 and r_gamma <= 1.3)."""
+    target = costs["target"]
+    c = costs["draft"][1] / target[1]
+    r_gamma = target[static_opt + 1] / target[1]
+    return {"c": round(c, 4), "r_gamma": round(r_gamma, 4), "r_gamma_width": static_opt + 1,
+            "memory_bound": bool(c <= 0.1 and r_gamma <= 1.3)}  # fmt: skip
+
+
 def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.pair == "random" and (args.pad_layers is not None or args.draft != "distilled"):
+        parser.error("--pad_layers and --draft choose the trained pair's models (--pair trained)")
 
-    target, target_params, draft, draft_params, description = reference_pair(
-        args.draft_layers, args.deep_residual_scale
-    )
-    common = dict(max_new_tokens=args.max_new_tokens, eos_id=None)
-    train = _prompts(args.train_prompts, args.prompt_length, seed=1)
-    valid = _prompts(args.validation_prompts, args.prompt_length, seed=2)
-    test = _prompts(args.test_prompts, args.prompt_length, seed=3)
+    pair, prompts, eos_id = _pair_and_prompts(args)
+    target, target_params, draft, draft_params, description = pair
+    common = dict(max_new_tokens=args.max_new_tokens, eos_id=eos_id)
+    train, valid, test = prompts["train"], prompts["validation"], prompts["test"]
     examples = extract_features(
         target, target_params, draft, draft_params, list(_batches(train, 32)), **common
     )
@@ -171,9 +228,19 @@ def main(argv=None) -> dict:
     )  # fmt: skip
 
     result = _result(measured, tuning, costs, classifier, valid_examples, examples, args)
+    result.update(pair_costs(costs, tuning["static_opt"]))
+    if not result["memory_bound"]:
+        print(
+            f"[disco benchmark] not memory-bound here: c={result['c']}, r_gamma="
+            f"{result['r_gamma']} (want c <= 0.1, r_gamma <= 1.3)"
+            + ("; raise --target_mb" if args.pair == "trained" else ""),
+            file=sys.stderr,
+            flush=True,
+        )
     result.update(
         target_mb=round(megabytes(target_params), 1),
         draft_mb=round(megabytes(draft_params), 1),
+        pair_kind=args.pair,
         pair=description,
         backend=jax.default_backend(),
     )
