@@ -6,10 +6,11 @@ shape; ragged progress is a per-row position, and dropping rejected drafts is mo
 position back (the models' caches never look past it, see `distillspec.models.base`).
 
 The number of drafts per round is decided by a lookahead policy (`distillspec.lookahead`):
-static (gamma drafts every round) or dynamic (DISCO's classifier, a confidence threshold, the
-heuristic schedule, the oracle). A dynamic round drafts in a `lax.while_loop` that ends when every
-row has stopped or sl_max drafts are drawn; a row's drafts past its own stop are masked out of
-verification, so the output is the target's exactly, whatever the policy decides.
+static (gamma drafts every round) or dynamic (DISCO's classifier, a confidence threshold,
+SpecDec++'s cumulative rule, the heuristic schedule, the oracle). A dynamic round drafts in a
+`lax.while_loop` that ends when every row has stopped or sl_max drafts are drawn; a row's drafts
+past its own stop are masked out of verification, so the output is the target's exactly,
+whatever the policy decides.
 
 Greedy rounds carry tokens only (`speculative.accept_greedy`): no [B, G, V] distributions and
 no random draws, which were most of a small pair's round outside its calls (README section 3).
@@ -138,11 +139,12 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
     logits = jnp.take_along_axis(logits, (state.position - start)[:, None, None], axis=1)[:, 0]
     logits = logits.astype(jnp.float32)  # Policies and sampling read float32 in any dtype.
 
-    def draw(i, logits, tokens, probs, stopped, num_drafts, calls):
+    def draw(i, logits, tokens, probs, stopped, num_drafts, calls, survival):
         token, p = _choose(logits, None if rng is None else jax.random.fold_in(rng, i), spec)
-        stop, n = sl.stop_after(
-            spec.policy, inputs, i, logits, token, state.num_new, state.lookahead, spec.vocab_size
-        )
+        stop, n, survival = sl.stop_after(
+            spec.policy, inputs, i, logits, token, state.num_new, state.lookahead,
+            spec.vocab_size, survival,
+        )  # fmt: skip
         if "drafts" in inputs:  # Timing: rounds of scheduled sizes (`fixed_round_decoder`).
             schedule = inputs["drafts"]  # A run-time verdict: the rule's own work still runs.
             want = schedule[state.target_calls % schedule.shape[0]]
@@ -154,6 +156,7 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
             stopped | stop,
             jnp.where(stopped, num_drafts, n),  # A row that stopped earlier keeps its count.
             calls + (~stopped).astype(jnp.int32),  # The call that produced this token.
+            survival,
         )
 
     zeros = jnp.zeros((batch,), jnp.int32)
@@ -165,20 +168,21 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
         state.done,  # Finished rows never keep the loop going.
         zeros,
         zeros,
+        jnp.ones((batch,), jnp.float32),  # The cumulative rule's product of estimates.
     )
 
     def body(loop):
-        i, cache, (tokens, probs, stopped, num_drafts, calls) = loop
+        i, cache, (tokens, probs, stopped, num_drafts, calls, survival) = loop
         fed = state.position + i  # Token i - 1 sits at position + 1 + (i - 1).
         logits, cache = draft.extend(params, cache, tokens[:, i - 1][:, None], fed)
         logits = logits[:, 0].astype(jnp.float32)
-        return i + 1, cache, draw(i, logits, tokens, probs, stopped, num_drafts, calls)
+        return i + 1, cache, draw(i, logits, tokens, probs, stopped, num_drafts, calls, survival)
 
     def more(loop):  # Another draft: below sl_max, and some row is still drafting.
-        i, _, (_, _, stopped, _, _) = loop
+        i, _, (_, _, stopped, _, _, _) = loop
         return (i < gamma) & ~jnp.all(stopped)
 
-    _, cache, (tokens, probs, _, num_drafts, calls) = jax.lax.while_loop(
+    _, cache, (tokens, probs, _, num_drafts, calls, _) = jax.lax.while_loop(
         more, body, (1, cache, carry)
     )
     return tokens, probs, num_drafts, calls, cache
@@ -381,7 +385,7 @@ def fixed_round_tokens(policy: Lookahead | None, drafts: Sequence[int] = (0,)) -
         return 1
     if policy.kind == "static":
         return policy.sl_max + 1
-    held = 2 if policy.kind in ("confidence", "disco", "oracle") else policy.sl_max + 1
+    held = 2 if policy.kind in (*sl.THRESHOLD_KINDS, "oracle") else policy.sl_max + 1
     return max(d + 1 if d else held for d in drafts)
 
 
@@ -391,10 +395,11 @@ def fixed_round_decoder(target, draft, policy: Lookahead | None, room: int, voca
     draft_params, prompt_tokens, prompt_lengths, num_rounds, classifier=None, drafts=(0,)) ->
     {'lengths', 'draft_calls', 'width_switches', 'sl_histogram'} per row; one program for any
     num_rounds and drafts. No row finishes (no EOS; num_rounds x `fixed_round_tokens` within
-    room, the caches' room). Confidence, DISCO and the oracle are held to one draft call per
-    round (a threshold above every confidence, a reference no draft matches). drafts (dynamic
-    policies; len dividing schedule_length): round r proposes drafts[r % len] drafts in [1,
-    sl_max] (0: held). Only the stopping rule's verdict is replaced (its work still runs).
+    room, the caches' room). Confidence, DISCO, the cumulative rule and the oracle are held to
+    one draft call per round (a threshold no estimate passes, a reference no draft matches).
+    drafts (dynamic policies; len dividing schedule_length): round r proposes drafts[r % len]
+    drafts in [1, sl_max] (0: held). Only the stopping rule's verdict is replaced (its work
+    still runs).
     """
     dynamic = policy is not None and policy.kind != "static"
     gamma = policy.sl_max if policy else 0
@@ -404,7 +409,9 @@ def fixed_round_decoder(target, draft, policy: Lookahead | None, room: int, voca
     @jax.jit
     def program(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
                 classifier, schedule):  # fmt: skip
-        inputs = {"threshold": jnp.float32(2), "start": jnp.int32(1), "classifier": classifier}
+        # Confidence / DISCO stop below 2, the cumulative rule above -1: after every draft.
+        held = -1 if policy is not None and policy.kind == "cumulative" else 2
+        inputs = {"threshold": jnp.float32(held), "start": jnp.int32(1), "classifier": classifier}
         if dynamic:
             inputs["drafts"] = schedule
         if policy is not None and policy.kind == "oracle":
@@ -442,11 +449,13 @@ def _run(target, draft, target_params, draft_params, prompt_tokens, prompt_lengt
 
 def _policy_inputs(policy: Lookahead, classifier, oracle_tokens, spec: _Spec, batch: int):
     """Checks the per-call values of a lookahead policy; returns the decoder's `inputs`."""
-    if policy.kind == "disco":
+    if policy.uses_classifier:
         if classifier is None:
             raise ValueError(
-                "lookahead kind 'disco' needs classifier= (variables from "
-                "distillspec.disco.load_classifier; train one with python -m distillspec.disco)"
+                f"lookahead kind {policy.kind!r}"
+                + (" with source='classifier'" if policy.kind == "cumulative" else "")
+                + " needs classifier= (variables from distillspec.disco.load_classifier; train "
+                "one with python -m distillspec.disco)"
             )
         top_k = sl.classifier_top_k(classifier)
         if not 1 <= top_k <= spec.vocab_size:
@@ -455,7 +464,11 @@ def _policy_inputs(policy: Lookahead, classifier, oracle_tokens, spec: _Spec, ba
                 f"has {spec.vocab_size} ids"
             )
     elif classifier is not None:
-        raise ValueError(f"classifier= is used by lookahead kind 'disco' only, not {policy.kind!r}")
+        raise ValueError(
+            "classifier= is used by lookahead kinds 'disco' and 'cumulative' (source="
+            f"'classifier') only, not {policy.kind!r}"
+            + (f" with source={policy.source!r}" if policy.source else "")
+        )
     if policy.kind == "oracle":
         if not spec.sampling.greedy:
             raise ValueError(
@@ -571,9 +584,10 @@ def speculative_generate(
       draft, draft_params: the draft model.
       gamma: drafts per round (>= 1), the static policy; or else
       lookahead: a `distillspec.lookahead.Lookahead` policy (static, heuristic, confidence,
-        disco, oracle) with its sl_max cap. Its threshold and start are call inputs: changing
-        them does not recompile.
-      classifier: DISCO's classifier variables, for lookahead kind 'disco'.
+        disco, cumulative, oracle) with its sl_max cap. Its threshold and start are call
+        inputs: changing them does not recompile.
+      classifier: DISCO's classifier variables, for lookahead kind 'disco' and 'cumulative'
+        with source 'classifier'.
       oracle_tokens: [B, max_new_tokens] the target's greedy output, for kind 'oracle'.
       lenience: the lenience function for lossy decoding.
     """

@@ -15,6 +15,11 @@ Policies (`Lookahead.kind`):
               `threshold`.
   disco       stop after a draft token whose classifier confidence C_i = FFN(features) is below
               `threshold` (DISCO Eq. 2); trained by `distillspec.disco.classifier`.
+  cumulative  SpecDec++'s rule (Huang et al., 2025): stop after the i-th draft token of a round
+              once 1 - prod_{j<=i} p_j, the predicted probability that at least one of the
+              round's drafts is rejected, exceeds `threshold`; p_j is the acceptance estimate of
+              draft j: DISCO's classifier confidence (`source='classifier'`, the default) or the
+              draft's own top probability (`source='draft'`, softmax at T = 1).
   oracle      greedy only: stop before the first draft token that differs from the target's
               greedy output (given as `oracle_tokens`), the per-round optimum of DISCO Sec. 2.
 
@@ -37,7 +42,11 @@ import jax.numpy as jnp
 
 from distillspec import checks
 
-KINDS = ("static", "heuristic", "confidence", "disco", "oracle")
+KINDS = ("static", "heuristic", "confidence", "disco", "cumulative", "oracle")
+# Where the cumulative rule reads each draft's acceptance estimate p_i.
+SOURCES = ("classifier", "draft")
+# Kinds whose rule compares a per-token estimate against `threshold` (tuned on validation data).
+THRESHOLD_KINDS = ("confidence", "disco", "cumulative")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,25 +55,51 @@ class Lookahead:
 
     kind: str = "static"
     sl_max: int = 5  # Drafts per round at most (static: exactly), >= 1.
-    threshold: float = 0.5  # confidence / disco: stop below this confidence, in [0, 1].
+    # confidence / disco: stop below this confidence; cumulative: stop once the predicted
+    # probability that some draft of the round is rejected is above it. In [0, 1].
+    threshold: float = 0.5
     start: int = 5  # heuristic: the first round's lookahead (clipped to sl_max).
-    # confidence / disco: the draft token whose confidence fell below the threshold is still
-    # proposed (True, DISCO's rule: stop drafting *after* it), or dropped (False: the round may
-    # propose 0 tokens; cheaper where verifying a token costs real compute, as on a CPU).
+    # confidence / disco / cumulative: the draft token at which the rule stopped is still
+    # proposed (True, DISCO's and SpecDec++'s rule: stop drafting *after* it), or dropped (False:
+    # the round may propose 0 tokens; cheaper where verifying a token costs real compute, as on
+    # a CPU).
     keep_last: bool = True
+    # cumulative only: 'classifier' (DISCO's classifier, the default) or 'draft' (see SOURCES).
+    source: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"lookahead kind must be one of {KINDS}, got {self.kind!r}")
         object.__setattr__(self, "sl_max", checks.check_int("SL_max (sl_max)", self.sl_max))
-        if not 0.0 <= float(self.threshold) <= 1.0:
+        try:
+            in_range = 0.0 <= float(self.threshold) <= 1.0
+        except (TypeError, ValueError):
+            in_range = False
+        if not in_range:
             raise ValueError(f"lookahead threshold must be in [0, 1], got {self.threshold!r}")
         object.__setattr__(self, "start", checks.check_int("heuristic start", self.start))
+        if self.kind != "cumulative":
+            if self.source is not None:
+                raise ValueError(
+                    f"lookahead source= is used by kind 'cumulative' only, not {self.kind!r} "
+                    f"(got source={self.source!r})"
+                )
+        elif self.source is None:
+            object.__setattr__(self, "source", SOURCES[0])
+        elif self.source not in SOURCES:
+            raise ValueError(
+                f"cumulative lookahead source must be one of {SOURCES}, got {self.source!r}"
+            )
 
     @property
     def static_part(self) -> Lookahead:
         """What the compiled program depends on (threshold and start are call inputs)."""
-        return Lookahead(self.kind, self.sl_max, keep_last=self.keep_last)
+        return Lookahead(self.kind, self.sl_max, keep_last=self.keep_last, source=self.source)
+
+    @property
+    def uses_classifier(self) -> bool:
+        """Whether the rule reads DISCO's classifier: disco, and cumulative from 'classifier'."""
+        return self.kind == "disco" or self.source == "classifier"
 
     @property
     def name(self) -> str:
@@ -131,6 +166,17 @@ def classifier_top_k(variables: Any) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+def _acceptance_estimate(policy, inputs, index, logits, num_new, vocab_size) -> jax.Array:
+    """[B] the rule's estimate that the token just drawn is accepted: the draft's top
+    probability (confidence; cumulative from 'draft') or the classifier's confidence."""
+    if policy.kind == "confidence" or policy.source == "draft":
+        probs = jax.nn.softmax(logits[..., :vocab_size].astype(jnp.float32), axis=-1)
+        return jnp.max(probs, axis=-1)
+    variables = inputs["classifier"]
+    x = features(logits, num_new + index, classifier_top_k(variables), vocab_size)
+    return classifier_confidence(variables, x)
+
+
 def stop_after(
     policy: Lookahead,
     inputs: dict[str, Any],
@@ -140,45 +186,46 @@ def stop_after(
     num_new: jax.Array,
     lookahead: jax.Array,
     vocab_size: int,
-) -> tuple[jax.Array, jax.Array]:
+    survival: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Whether each row stops drafting at draft index `index`, and its drafts if it does.
 
     Args:
-      policy: the static description (kind, sl_max).
-      inputs: dynamic values: 'threshold' (f32 scalar), 'classifier' (variables) for disco,
-        'oracle_tokens' [B, N + sl_max] (padded with -1) for oracle.
+      policy: the static description (kind, sl_max, keep_last, source).
+      inputs: dynamic values: 'threshold' (f32 scalar), 'classifier' (variables) for disco and
+        cumulative from 'classifier', 'oracle_tokens' [B, N + sl_max] (padded with -1) for oracle.
       index: the draft index i in the round (0-based) of the token just drawn.
       logits: [B, V] raw draft logits the token was drawn from.
       tokens: [B] the token just drawn.
       num_new: [B] tokens generated before this round.
       lookahead: [B] heuristic's current lookahead.
       vocab_size: the shared vocabulary.
+      survival: [B] float32, the cumulative rule's prod_{j<i} p_j over the round's earlier
+        drafts (1 at i = 0); carried as is by the other kinds.
 
     Returns:
       (stop [B] bool, num_drafts [B] int32: the row's drafts in this round if it stops here,
-      i + 1 (this token is proposed) or i (it is not: the oracle's mismatch, or a doubtful
-      token under keep_last=False)).
+      i + 1 (this token is proposed) or i (it is not: the oracle's mismatch, or the token the
+      rule stopped at under keep_last=False), survival [B] for index i + 1).
     """
     last = index + 1 >= policy.sl_max
     keep = jnp.full(tokens.shape, index + 1, jnp.int32)
     if policy.kind == "static":
-        return jnp.broadcast_to(last, tokens.shape), keep
+        return jnp.broadcast_to(last, tokens.shape), keep, survival
     if policy.kind == "heuristic":
-        return last | (index + 1 >= lookahead), keep
+        return last | (index + 1 >= lookahead), keep, survival
     if policy.kind == "oracle":
         want = jnp.take_along_axis(inputs["oracle_tokens"], (num_new + index)[:, None], axis=1)
         miss = tokens != want[:, 0]
-        return last | miss, jnp.where(miss, index, index + 1).astype(jnp.int32)
-    if policy.kind == "confidence":
-        probs = jax.nn.softmax(logits[..., :vocab_size].astype(jnp.float32), axis=-1)
-        confidence = jnp.max(probs, axis=-1)
-    else:  # disco
-        variables = inputs["classifier"]
-        x = features(logits, num_new + index, classifier_top_k(variables), vocab_size)
-        confidence = classifier_confidence(variables, x)
-    low = confidence < inputs["threshold"]
+        return last | miss, jnp.where(miss, index, index + 1).astype(jnp.int32), survival
+    estimate = _acceptance_estimate(policy, inputs, index, logits, num_new, vocab_size)
+    if policy.kind == "cumulative":  # P(some draft of the round is rejected) > threshold.
+        survival = survival * estimate
+        low = 1.0 - survival > inputs["threshold"]
+    else:  # confidence, disco: this draft's estimate < threshold.
+        low = estimate < inputs["threshold"]
     drop = low & (not policy.keep_last)
-    return last | low, jnp.where(drop, index, index + 1).astype(jnp.int32)
+    return last | low, jnp.where(drop, index, index + 1).astype(jnp.int32), survival
 
 
 def next_lookahead(policy: Lookahead, lookahead, num_drafts, num_accepted) -> jax.Array:

@@ -17,9 +17,11 @@ from typing import Any
 RECORDS_FILE = "records.jsonl"
 
 # Lookahead policy names (DISCO Table 1 order); 'static-<k>' stands for static-1, static-2, ...
-POLICY_NAMES = ("static-<k>", "static-opt", "heuristic", "confidence", "disco", "oracle")
+POLICY_NAMES = (
+    "static-<k>", "static-opt", "heuristic", "confidence", "disco", "cumulative", "oracle",
+)  # fmt: skip
 # Policies whose settings come from a draft's validation tuning (python -m distillspec.disco).
-TUNED_POLICIES = ("static-opt", "confidence", "disco")
+TUNED_POLICIES = ("static-opt", "confidence", "disco", "cumulative")
 # The plain target, measured beside every set of policies.
 TARGET_POLICY = "target"
 

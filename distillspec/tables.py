@@ -5,12 +5,12 @@ into DistillSpec's Table C.1 layout: one row per (task/split, temperature, gamma
 the batch throughput speed-up and the batch-1 latency speed-up of the draft without
 distillation and with distillation, and the differences (tau as a relative improvement in %,
 speed-ups as absolute differences, e.g. +0.14), plus a tau-vs-gamma plot. Policy records (with
-a 'policy' key: target, static-<k>, static-opt, heuristic, confidence, disco, oracle) go into
-DISCO's Table 1 layout: one row per (task/split, draft, policy) with latency (ms/token),
-speed-up over the target, mean speculation lookahead (SL), tau, alpha, whether the output equals
-the target's, and the latency reduction relative to static-opt; the oracle's SL histogram gives
-DISCO's Figure 4. In both kinds, a later record of the same row replaces an earlier one
-(records.jsonl is append-only).
+a 'policy' key: target, static-<k>, static-opt, heuristic, confidence, disco, cumulative,
+oracle) go into DISCO's Table 1 layout: one row per (task/split, draft, policy) with latency
+(ms/token), speed-up over the target, mean speculation lookahead (SL), tau, alpha, whether the
+output equals the target's, and the latency reduction relative to static-opt; the oracle's SL
+histogram gives DISCO's Figure 4. In both kinds, a later record of the same row replaces an
+earlier one (records.jsonl is append-only).
 
 Usage: python -m distillspec.tables RECORDS_JSONL [--out_dir DIR]
 writes table.md, table.csv and tau_vs_gamma.png (if grid records exist), disco_table.md,
@@ -347,11 +347,11 @@ def policy_table(
 
     Rows are grouped by (task, split), then by draft (`baseline` first, then `distilled`, then
     the others alphabetically), then ordered by policy: target, static-1, static-2, ... (by k),
-    static-opt, heuristic, confidence, disco, oracle, and unknown names alphabetically. Each row
-    holds task, split, draft, policy, sl_max, threshold, latency_ms, speedup, mean_sl, tau,
-    alpha, exact and vs_static_opt_pct, the latency reduction relative to the static-opt record
-    of the same task, split and draft: 100 * (latency(static-opt) - latency) / latency(static-opt)
-    (positive: faster than static-opt; None without such a record). Missing values are None.
+    static-opt, heuristic, confidence, disco, cumulative, oracle, unknown names alphabetically.
+    Each row holds task, split, draft, policy, sl_max, threshold, latency_ms, speedup, mean_sl,
+    tau, alpha, exact and vs_static_opt_pct, the latency reduction relative to the static-opt
+    record of the same task, split and draft: 100 * (latency(static-opt) - latency) /
+    latency(static-opt) (positive: faster; None without such a record). Missing values: None.
     """
     latest = _latest_policies(records, baseline, distilled)
     rows = []

@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -252,3 +253,103 @@ def test_profile_script_puts_each_op_in_a_category():
     kinds = script["categories"](hlo)
     assert kinds and {category for category, _ in kinds.values()} <= set(script["CATEGORIES"])
     assert "matmul" in {category for category, _ in kinds.values()}
+
+
+# --------------------------------------------------------------------------------------------
+# The trained memory-bound pair: a target padded with blocks that add exactly 0.
+# --------------------------------------------------------------------------------------------
+
+GPT2_STYLE = dict(
+    position_embedding="learned", norm="layernorm", activation="gelu_new", gated_mlp=False,
+    qkv_bias=True, out_bias=True, mlp_bias=True, tie_embeddings=True,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("style", [{}, GPT2_STYLE], ids=["llama", "gpt2"])
+def test_padded_target_logits_are_bit_identical(style):
+    from distillspec.benchmarks.padded_target import padded_target
+    from distillspec.models import DecoderOnlyLM, TransformerConfig
+
+    config = TransformerConfig(
+        vocab_size=64, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+        mlp_dim=64, init_std=0.3, **style,
+    )  # fmt: skip
+    model = DecoderOnlyLM(config)
+    params = model.init(jax.random.PRNGKey(0))
+    padded, padded_params = padded_target(model, params, 3, seed=1)
+    assert padded.config.num_layers == 5
+    layers, trained = padded_params["layers"], params["layers"]
+    for path in (("attn", "q"), ("attn", "o"), ("mlp", "wo")):
+        new, old = layers[path[0]][path[1]]["kernel"], trained[path[0]][path[1]]["kernel"]
+        assert new.dtype == old.dtype and np.array_equal(new[:2], old)  # Trained blocks first.
+        # The added blocks' residual outputs are zero, their other weights random.
+        assert np.all(new[2:] == 0) if path[1] in ("o", "wo") else np.all(new[2:] != 0), path
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 10)), jnp.int32)
+    batch = {"decoder_input_tokens": tokens}
+    full = jax.jit(model.logits)(params, batch)
+    assert np.array_equal(full, jax.jit(padded.logits)(padded_params, batch))
+    # Incremental decoding with the KV cache: prefill, then calls of 2 tokens at ragged starts.
+    lengths = jnp.asarray([4, 3], jnp.int32)
+    cache, _, _ = model.prefill(params, tokens[:, :4], lengths, 16)
+    padded_cache, _, _ = padded.prefill(padded_params, tokens[:, :4], lengths, 16)
+    extend, padded_extend = jax.jit(model.extend), jax.jit(padded.extend)
+    for step in range(5):
+        fed, starts = tokens[:, 4 + step : 6 + step], lengths + step
+        logits, cache = extend(params, cache, fed, starts)
+        padded_logits, padded_cache = padded_extend(padded_params, padded_cache, fed, starts)
+        assert np.array_equal(logits, padded_logits), step
+    assert padded_cache["k"].shape[0] == 5  # The added blocks keep caches too.
+
+
+def test_padded_target_sizes_and_bad_input():
+    from distillspec.benchmarks.padded_target import layers_to_reach, padded_target
+
+    model, params = tiny_lm(32)
+    nbytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(params))
+    per_block = sum(np.asarray(x).nbytes for x in jax.tree.leaves(params["layers"])) / 2
+    assert layers_to_reach(model, params, nbytes / 1e6) == 0
+    assert layers_to_reach(model, params, (nbytes + 2.5 * per_block) / 1e6) == 3
+    assert padded_target(model, params, 0) == (model, params)
+    with pytest.raises(ValueError, match="extra_layers must be an integer >= 0, got -1"):
+        padded_target(model, params, -1)
+    with pytest.raises(ValueError, match="decoder-only target .* got MarkovStub"):
+        from tests.test_utils import markov_pair
+
+        padded_target(markov_pair(4, 0, 0.0)[0], None, 1)
+
+
+def test_disco_benchmark_on_a_tiny_trained_pair(tmp_path):
+    """--pair trained end to end on a tiny 'main job' (a random target and a perturbed draft
+    saved where the quickstart saves its models): every policy exact, the cumulative rule
+    tuned and reported, c and r_gamma measured."""
+    from distillspec.benchmarks import disco as disco_bench
+    from distillspec.models.hf_interop import save_pretrained
+
+    model, params = tiny_lm(260)
+    save_pretrained(model, params, str(tmp_path / "target" / "export"))
+    save_pretrained(model, perturbed(params, 0.02, 1), str(tmp_path / "distilled" / "export"))
+    result = disco_bench.main([
+        "--pair", "trained", "--run_dir", str(tmp_path), "--vocabulary", "byte",
+        "--pad_layers", "2", "--train_prompts", "8", "--validation_prompts", "2",
+        "--test_prompts", "2", "--prompt_length", "16", "--max_new_tokens", "4",
+        "--static_sl", "1", "2", "--sl_max_grid", "2", "--threshold_grid", "0.5",
+        "--cumulative_threshold_grid", "0.5", "--oracle_sl_max", "4", "--timing_repeats", "1",
+        "--json", str(tmp_path / "out.json"),
+    ])  # fmt: skip
+    assert result["all_exact"] and result["pair_kind"] == "trained"
+    assert "padded with 2 blocks" in result["pair"]
+    assert {"cumulative", "disco", "oracle", "static-opt"} <= set(result["policies"])
+    for key in ("disco", "cumulative", "oracle"):
+        assert isinstance(result[f"{key}_vs_static_opt_pct"], float)
+    assert result["cumulative"]["source"] in ("classifier", "draft")
+    # Measured, not checked for size: a tiny pair's call costs are differences of timings under
+    # load, noise that can come out 0 or below.
+    assert all(math.isfinite(result[key]) for key in ("c", "r_gamma"))
+    assert result["r_gamma_width"] == result["static_opt"] + 1
+    assert isinstance(result["memory_bound"], bool)
+    saved = json.loads((tmp_path / "out.json").read_text())  # JSON keys: strings.
+    assert {k: saved[k] for k in ("c", "r_gamma", "cumulative", "pair")} == {
+        k: result[k] for k in ("c", "r_gamma", "cumulative", "pair")
+    }
+    with pytest.raises(SystemExit):  # No main job there: a message naming the quickstart.
+        disco_bench.main(["--pair", "trained", "--run_dir", str(tmp_path / "none")])

@@ -117,7 +117,7 @@ def test_tiny_disco_cli(tiny_quickstart, tmp_path):
         "disco", [f"--gin_file={CONFIGS / 'tiny_disco.gin'}", *_flags(tmp_path, tiny_quickstart[0])]
     )
     expected = ["target", "static-1", "static-2", "static-opt", "heuristic", "confidence", "disco"]
-    assert [r["policy"] for r in made] == [*expected, "oracle"]
+    assert [r["policy"] for r in made] == [*expected, "cumulative", "oracle"]
     assert all(r["exact"] for r in made)
     classifier = tiny_quickstart[0] / "draft" / "export" / "disco" / "classifier.json"
     assert json.loads(classifier.read_text())["tuning"]["static_opt"] in (1, 2)

@@ -112,12 +112,14 @@ def test_fixed_round_decoder_runs_exactly_the_rounds_asked_for(pair):
     assert (other["lengths"] >= 6).all() and (other["lengths"] <= 24).all()
     assert (other["lengths"] < 24).any()
     np.testing.assert_array_equal(other["sl_histogram"][:, 3], 6)
-    for kind in ("confidence", "oracle", "heuristic"):
-        run = fixed_round_decoder(target, target, Lookahead(kind, 8), room=20)  # One program.
+    for kind in ("confidence", "cumulative", "oracle", "heuristic"):
+        policy = Lookahead(kind, 8, source="draft" if kind == "cumulative" else None)
+        run = fixed_round_decoder(target, target, policy, room=20)  # One program.
         if kind != "heuristic":
-            # Confidence and oracle rounds are held to one draft call, even with a draft that is
-            # always right (the oracle's then proposes none: its reference matches no draft).
-            proposed = 1 if kind == "confidence" else 0
+            # Confidence, cumulative and oracle rounds are held to one draft call, even with a
+            # draft that is always right (the oracle's then proposes none: its reference
+            # matches no draft).
+            proposed = 0 if kind == "oracle" else 1
             out = run(None, None, prompts, lengths, 5)
             np.testing.assert_array_equal(out["draft_calls"], 5)
             np.testing.assert_array_equal(out["sl_histogram"][:, proposed], 5)

@@ -421,7 +421,8 @@ def _run(tmp_path, **overrides):
         task_feature_lengths={"inputs": 16, "targets": 8},
         num_train_prompts=16, num_validation_prompts=3, num_prompts=3, batch_size=8,
         train_steps=50, static_sl=(1, 2), sl_max_grid=(2,), threshold_grid=(0.5, 0.9),
-        keep_last_grid=(True,), oracle_sl_max=8, vocabulary="byte",
+        keep_last_grid=(True,), cumulative_threshold_grid=(0.5,), oracle_sl_max=8,
+        vocabulary="byte",
     )  # fmt: skip
     kwargs.update(overrides)
     return run_disco(**kwargs)
@@ -433,7 +434,7 @@ def test_disco_run_end_to_end(tmp_path, capsys):
     policies = [r["policy"] for r in records]
     assert set(policies) == {
         "target", "static-1", "static-2", "static-opt", "heuristic", "confidence", "disco",
-        "oracle",
+        "cumulative", "oracle",
     }  # fmt: skip
     assert all(r["exact"] for r in records)  # Identical to the target's greedy output.
     assert all(r["num_prompts"] == 3 and r["task"] == "stdlib_code" for r in records)
@@ -446,6 +447,10 @@ def test_disco_run_end_to_end(tmp_path, capsys):
         modeled["static-1"], modeled["static-2"]
     )
     assert by["disco"]["threshold"] == metadata["tuning"]["disco"]["threshold"]
+    cumulative = metadata["tuning"]["cumulative"]  # Tuned over both sources.
+    assert cumulative["source"] in ("classifier", "draft") and cumulative["threshold"] == 0.5
+    assert (by["cumulative"]["source"], by["cumulative"]["sl_max"]) == (cumulative["source"], 2)
+    assert {"cumulative-classifier@2/0.5/keep", "cumulative-draft@2/0.5/keep"} <= set(modeled)
     assert 0.0 <= metadata["f1_disco"] <= 1.0 and metadata["f1_static_sl_k"] >= 1
     out = tmp_path / "out"
     lines = (out / "records.jsonl").read_text().splitlines()
@@ -480,6 +485,8 @@ def test_disco_run_end_to_end(tmp_path, capsys):
     [
         (dict(sl_max_grid=(0,)), "sl_max_grid"),
         (dict(threshold_grid=(1.5,)), r"threshold_grid must hold thresholds in \[0, 1\]"),
+        (dict(cumulative_threshold_grid=()), r"cumulative_threshold_grid must hold thresholds"),
+        (dict(cumulative_sources=("target",)), r"cumulative_sources must .*'classifier'"),
         (dict(oracle_sl_max=0), "SL_max"),
         (dict(drafts={}), "at least one draft"),
         # Classifier settings fail before any model is loaded or feature extracted.
@@ -511,3 +518,27 @@ def test_resolve_policies():
         resolve_policies(["disco"], None)
     with pytest.raises(ValueError, match="SL_max"):
         resolve_policies(["oracle"], oracle_sl_max=0)
+    # A tuning saved before the cumulative rule existed: a clear error naming the command.
+    with pytest.raises(ValueError, match="no 'cumulative' settings.*python -m distillspec.disco"):
+        resolve_policies(["static-opt", "cumulative"], tuning)
+    cumulative = {"threshold": 0.3, "sl_max": 8, "keep_last": True, "source": "draft"}
+    got = resolve_policies(["cumulative"], {**tuning, "cumulative": cumulative})
+    assert got["cumulative"] == Lookahead("cumulative", 8, threshold=0.3, source="draft")
+
+
+def test_a_saved_tuning_without_the_cumulative_rule_is_made_anew(tmp_path, models, synthetic_run,
+                                                                  capsys):  # fmt: skip
+    from distillspec.runs.disco import _reusable
+
+    model, _, noisy = models
+    variables = synthetic_run[2]
+    directory = str(tmp_path / "disco")
+    tuned = {"threshold": 0.5, "sl_max": 4, "keep_last": True}
+    old = {"static_opt": 2, "confidence": tuned, "disco": tuned}
+    metadata = {"fingerprint": storage.fingerprint(model, noisy, VOCAB), "vocab_size": VOCAB}
+    storage.save_classifier(directory, variables, {**metadata, "tuning": old})
+    assert _reusable("standard", directory, model, noisy, VOCAB) is None
+    assert "lacks ['cumulative']" in capsys.readouterr().err
+    new = {**old, "cumulative": {**tuned, "source": "classifier"}}
+    storage.save_classifier(directory, variables, {**metadata, "tuning": new})
+    assert _reusable("standard", directory, model, noisy, VOCAB)[1]["tuning"] == new

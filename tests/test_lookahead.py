@@ -1,6 +1,8 @@
 """Dynamic speculation lookahead (DISCO and its baselines) in the decoder: exactness, counters,
 policy behaviour, no recompilation, bad input."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +41,11 @@ def policies(vocab: int, sl_max: int, oracle: bool = True):
         (Lookahead("confidence", sl_max, threshold=0.6), {}),
         (Lookahead("confidence", sl_max, threshold=0.6, keep_last=False), {}),
         (Lookahead("disco", sl_max, threshold=0.5), {"classifier": random_classifier(2)}),
+        (Lookahead("cumulative", sl_max, threshold=0.5, source="draft"), {}),
+        (
+            Lookahead("cumulative", sl_max, threshold=0.5, keep_last=False),
+            {"classifier": random_classifier(2)},
+        ),
     ]
     return out + ([(Lookahead("oracle", sl_max), {})] if oracle else [])
 
@@ -117,6 +124,54 @@ def test_policies_stop_where_they_should(pair):
     assert oracle.sl_histogram[:, 0].sum() > 0  # Rounds where the first draft is already wrong.
 
 
+def _cumulative_rounds(confidences: np.ndarray, threshold: float, sl_max: int) -> int:
+    """Drafts of a keep_last round by hand: stop after draft i once 1 - prod(p_0..p_i) >
+    threshold, or at sl_max."""
+    survival = 1.0
+    for i, p in enumerate(confidences[:sl_max]):
+        survival *= p
+        if 1.0 - survival > threshold:
+            return i + 1
+    return sl_max
+
+
+def test_cumulative_rule_stops_where_it_should(pair):
+    target, draft = pair
+    prompts, lengths = ragged_prompts(4, 5, target.vocab_size, seed=1)
+    plain = generate(target, None, prompts, lengths, max_new_tokens=24)
+    run = lambda policy, **kw: _spec(pair, prompts, lengths, policy, kw, plain=plain)
+    static = run(Lookahead("static", 4))
+    for source, kw in [("draft", {}), ("classifier", {"classifier": random_classifier(2)})]:
+        # Threshold 1: P(some rejection) never exceeds it, the static counters.
+        never = run(Lookahead("cumulative", 4, threshold=1.0, source=source), **kw)
+        np.testing.assert_array_equal(never.sl_histogram, static.sl_histogram)
+        # Threshold 0: stops after the first draft (every estimate is < 1 here).
+        always = run(Lookahead("cumulative", 4, threshold=0.0, source=source), **kw)
+        np.testing.assert_array_equal(always.sl_histogram[:, 1], always.target_calls)
+        none = run(Lookahead("cumulative", 4, threshold=0.0, keep_last=False, source=source), **kw)
+        np.testing.assert_array_equal(none.sl_histogram[:, 0], none.target_calls)
+    # A classifier sure of every token drafts to the cap at any threshold > 0.
+    sure = Lookahead("cumulative", 4, threshold=0.1)
+    sure = run(sure, classifier=random_classifier(2, bias=50.0))
+    np.testing.assert_array_equal(sure.sl_histogram, static.sl_histogram)
+
+
+def test_cumulative_rule_multiplies_the_estimates():
+    """A draft of constant top probability p = 0.9: every round stops after the first draft
+    i with 1 - p^(i+1) > threshold (a per-token rule would stop at the first draft or never)."""
+    target, draft = markov_pair(vocab=8, seed=5, noise=0.0)
+    prompts, lengths = ragged_prompts(1, 3, 8, seed=0)
+    # Top probability 0.9 (token 0) in every context: e^a / (e^a + 7) = 0.9 for e^a = 63.
+    draft.table = jnp.zeros_like(draft.table).at[..., 0].set(np.log(63.0))
+    for threshold, want in [(0.05, 1), (0.15, 2), (0.25, 3), (0.3, 4), (0.5, 6), (0.99, 6)]:
+        out = speculative_generate(
+            target, draft, None, None, prompts, lengths, max_new_tokens=12,
+            lookahead=Lookahead("cumulative", 6, threshold=threshold, source="draft"),
+        )  # fmt: skip
+        assert want == _cumulative_rounds(np.full(6, 0.9), threshold, 6)
+        assert out.sl_histogram[0, want] == out.target_calls[0], (threshold, out.sl_histogram)
+
+
 def test_heuristic_schedule():
     target, _ = markov_pair(vocab=16, seed=3, noise=0.0)  # A draft equal to the target: all kept.
     prompts, lengths = ragged_prompts(1, 3, 16, seed=0)
@@ -139,14 +194,16 @@ def test_heuristic_schedule():
     assert out.sl_histogram[0, 1] == out.target_calls[0] - 3
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(len(policies(4, 3, oracle=False)) - 1))
 def test_dynamic_policies_keep_sampling_exact(index):
     target, draft = markov_pair(vocab=4, seed=11, noise=1.5, scale=1.0)
     policy, kwargs = policies(4, 3, oracle=False)[1:][index]  # All but static.
-    if policy.kind == "disco":  # Threshold at the median confidence over the stub's contexts.
+    if "classifier" in kwargs:  # Threshold at the median confidence over the stub's contexts.
         x = features(target.table.reshape(16, 4), jnp.arange(16) % 3, 2, 4)
         median = float(jnp.median(classifier_confidence(kwargs["classifier"], x)))
-        policy = Lookahead("disco", 3, threshold=median)
+        # The cumulative rule: 1 - median, so its first draft stops in about half the contexts.
+        threshold = median if policy.kind == "disco" else 1.0 - median
+        policy = dataclasses.replace(policy, threshold=threshold)
     n_samples, n_tokens = 60_000, 3
     prompts = np.tile(np.array([[1, 2]], np.int32), (n_samples, 1))
     out = speculative_generate(
@@ -190,6 +247,9 @@ def test_verify_widths():
         (lambda: Lookahead("disco", 4, threshold=-0.1), r"threshold must be in \[0, 1\]"),
         (lambda: Lookahead("greedy", 4), "kind must be one of"),
         (lambda: Lookahead("heuristic", 4, start=0), "start"),
+        (lambda: Lookahead("cumulative", 4, source="target"), r"source must be one of .*'draft'"),
+        (lambda: Lookahead("disco", 4, source="draft"), "source= is used by kind 'cumulative'"),
+        (lambda: Lookahead("cumulative", 4, threshold="high"), "threshold must be in"),
     ],
 )
 def test_bad_lookahead(make, message):
@@ -203,7 +263,12 @@ def test_bad_lookahead(make, message):
         (dict(gamma=3, lookahead=Lookahead("static", 3)), "exactly one of"),
         (dict(), "exactly one of"),
         (dict(lookahead=Lookahead("disco", 3)), "needs classifier"),
-        (dict(lookahead=Lookahead("static", 3), classifier={}), "disco' only"),
+        (dict(lookahead=Lookahead("static", 3), classifier={}), "'cumulative' \\(source="),
+        (dict(lookahead=Lookahead("cumulative", 3)), "source='classifier' needs classifier"),
+        (
+            dict(lookahead=Lookahead("cumulative", 3, source="draft"), classifier={}),
+            "with source='draft'",
+        ),
         (dict(lookahead=Lookahead("oracle", 3)), "needs oracle_tokens"),
         (dict(lookahead=Lookahead("oracle", 3), oracle_tokens=np.zeros((2, 3))), "needs oracle"),
         (

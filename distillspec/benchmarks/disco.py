@@ -1,6 +1,7 @@
-"""DISCO against its baselines where speculative decoding pays: the memory-bound reference pair.
+"""DISCO against its baselines where speculative decoding pays: the memory-bound reference pairs.
 
     python -m distillspec.benchmarks.disco --json OUT.json
+    python -m distillspec.benchmarks.disco --pair trained --draft distilled --json OUT.json
 
 On a 2-core CPU the embedded default's tiny models are compute-bound (verifying k tokens costs
 about k target steps), so no lookahead policy beats the target alone there. This benchmark runs
@@ -10,32 +11,50 @@ Llama-style target and its early-exit draft, memory-bound on a CPU) with random-
   1. features (DISCO App. D) on --train_prompts prompts, the stop classifier, its F1 against the
      best static-SL rule on the validation prompts;
   2. latency tuning on --validation_prompts prompts (batch 1, greedy): static SL-opt, and
-     threshold / SL_max / keep_last of the confidence and DISCO rules;
+     threshold / SL_max / keep_last of the confidence and DISCO rules and of SpecDec++'s
+     cumulative rule (and its source of acceptance estimates: the classifier or the draft);
   3. every policy timed on --test_prompts other prompts, interleaved per prompt, median of
      --timing_repeats calls, compilation excluded (`evaluation.policies.measure_policies`).
 
 Prints one JSON object: per policy measured and modeled latency (ms per token; modeled = counted
 calls priced with measured call costs, `evaluation.timing.modeled_latency_ms`), speed-up against the
 target alone, mean SL, tau and exactness (output identical to the target's greedy output), and
-the headline ratios `disco_vs_static_opt_pct` and `oracle_vs_static_opt_pct` (latency
-reduction, %; `modeled_` ones from the modeled latency).
+the headline ratios `disco_vs_static_opt_pct`, `cumulative_vs_static_opt_pct` and
+`oracle_vs_static_opt_pct` (latency reduction, %; `modeled_` ones from the modeled latency),
+and the pair's measured `c` (a draft step in the loop's context / a target call) and `r_gamma`
+(a target call scoring static SL-opt + 1 positions / scoring 1; `pair_costs`).
+
+--pair trained (after python -m distillspec.quickstart) runs the same pipeline on a trained pair:
+the main job's trained target padded with blocks whose residual output projections are zero
+(logits bit-identical to the trained target's; `padded_target`) to >= --target_mb MB of
+weights (or by --pad_layers blocks), its trained --draft ('standard' or 'distilled') from
+--run_dir, and prompts of --task's train, validation and test splits (greedy decoding stops at
+EOS). --pair random (the default) is the early-exit pair above.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import jax
 import numpy as np
 
 from distillspec.benchmarks import emit
+from distillspec.benchmarks.padded_target import (
+    DRAFT_EXPORTS,
+    TARGET_EXPORT,
+    task_prompts,
+    trained_pair,
+)
 from distillspec.benchmarks.speculative import TARGET, reference_pair
 from distillspec.disco.classifier import best_static_sl, classifier_f1, train_classifier
 from distillspec.disco.features import extract_features
-from distillspec.disco.tuning import tune_policies
+from distillspec.disco.tuning import CUMULATIVE_THRESHOLDS, tune_policies
 from distillspec.evaluation.policies import measure_policies, resolve_policies
 from distillspec.evaluation.timing import call_cost_timers, megabytes
+from distillspec.lookahead import SOURCES
 from distillspec.records import policy_list
 
 
@@ -62,14 +81,17 @@ def _result(measured, tuning, costs, classifier, valid_examples, examples, args)
         opt = measured["static-opt"][key]
         return round(100.0 * (opt - measured[name][key]) / opt, 2)
 
+    headline = ("disco", "cumulative", "oracle")
     return {
-        "disco_vs_static_opt_pct": reduction("disco"),
-        "oracle_vs_static_opt_pct": reduction("oracle"),
-        "modeled_disco_vs_static_opt_pct": reduction("disco", "modeled_latency_ms"),
-        "modeled_oracle_vs_static_opt_pct": reduction("oracle", "modeled_latency_ms"),
+        **{f"{name}_vs_static_opt_pct": reduction(name) for name in headline},
+        **{
+            f"modeled_{name}_vs_static_opt_pct": reduction(name, "modeled_latency_ms")
+            for name in headline
+        },
         "all_exact": all(m["exact"] for m in measured.values()),
         "static_opt": tuning["static_opt"],
         "disco": tuning["disco"],
+        "cumulative": tuning["cumulative"],
         "confidence": tuning["confidence"],
         "f1_disco": round(classifier_f1(classifier, valid_examples), 4),
         "f1_static_sl": round(static_f1, 4),
@@ -101,6 +123,21 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line (tests/test_docs.py checks the docs' flags against it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write the result here too")
+    parser.add_argument(
+        "--pair", choices=("random", "trained"), default="random",
+        help="random: the early-exit reference pair, random-token prompts; trained: the main "
+        "job's trained target, padded (logits unchanged), and its trained --draft, task prompts",
+    )  # fmt: skip
+    parser.add_argument("--draft", choices=tuple(DRAFT_EXPORTS), default="distilled",
+                        help="--pair trained: the main job's draft")  # fmt: skip
+    parser.add_argument("--run_dir", default=os.path.join("runs", "quickstart"),
+                        help="--pair trained: the main job's output directory")  # fmt: skip
+    parser.add_argument("--target_mb", type=float, default=256.0,
+                        help="--pair trained: pad the target to at least this many MB")  # fmt: skip
+    parser.add_argument("--pad_layers", type=int, help="--pair trained: blocks to add instead")
+    parser.add_argument("--task", default="stdlib_code",
+                        help="--pair trained: prompts of its train, validation, test")  # fmt: skip
+    parser.add_argument("--vocabulary", help="--pair trained: tokenizer (default: the target's)")
     parser.add_argument("--train_prompts", type=int, default=128)
     parser.add_argument("--validation_prompts", type=int, default=6)
     parser.add_argument("--test_prompts", type=int, default=12)
@@ -111,22 +148,55 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--static_sl", type=int, nargs="+", default=list(range(1, 9)))
     parser.add_argument("--sl_max_grid", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--threshold_grid", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.9])
+    parser.add_argument(
+        "--cumulative_threshold_grid", type=float, nargs="+", default=list(CUMULATIVE_THRESHOLDS),
+        help="the cumulative rule's thresholds on P(some draft of the round is rejected)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cumulative_sources", nargs="+", default=list(SOURCES), choices=SOURCES,
+        help="the cumulative rule's acceptance estimates: DISCO's classifier, the draft's own",
+    )  # fmt: skip
     parser.add_argument("--oracle_sl_max", type=int, default=32)
     parser.add_argument("--timing_repeats", type=int, default=3, help="per test prompt (median)")
     return parser
 
 
+def _pair_and_prompts(args):
+    """(pair, {'train', 'validation', 'test': batch-1 prompts}, eos_id) of --pair."""
+    counts = {"train": args.train_prompts, "validation": args.validation_prompts,
+              "test": args.test_prompts}  # fmt: skip
+    if args.pair == "random":
+        pair = reference_pair(args.draft_layers, args.deep_residual_scale)
+        seeds = {"train": 1, "validation": 2, "test": 3}
+        return pair, {s: _prompts(n, args.prompt_length, seeds[s]) for s, n in counts.items()}, None
+    pair = trained_pair(args.run_dir, args.draft, args.target_mb, args.pad_layers)
+    checkpoint = os.path.join(args.run_dir, TARGET_EXPORT)
+    prompts, eos_id = task_prompts(checkpoint, args.vocabulary, args.task, counts,
+                                   args.prompt_length)  # fmt: skip
+    return pair, prompts, eos_id
+
+
+def pair_costs(costs, static_opt: int) -> dict:
+    """c (a draft step in the loop's context / a target call scoring 1 position) and r_gamma
+    (a target call scoring static_opt + 1 positions / scoring 1) from `timing.call_costs`,
+    and whether they are in the memory-bound regime (c <= 0.1 and r_gamma <= 1.3)."""
+    target = costs["target"]
+    c = costs["draft"][1] / target[1]
+    r_gamma = target[static_opt + 1] / target[1]
+    return {"c": round(c, 4), "r_gamma": round(r_gamma, 4), "r_gamma_width": static_opt + 1,
+            "memory_bound": bool(c <= 0.1 and r_gamma <= 1.3)}  # fmt: skip
+
+
 def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.pair == "random" and (args.pad_layers is not None or args.draft != "distilled"):
+        parser.error("--pad_layers and --draft choose the trained pair's models (--pair trained)")
 
-    target, target_params, draft, draft_params, description = reference_pair(
-        args.draft_layers, args.deep_residual_scale
-    )
-    common = dict(max_new_tokens=args.max_new_tokens, eos_id=None)
-    train = _prompts(args.train_prompts, args.prompt_length, seed=1)
-    valid = _prompts(args.validation_prompts, args.prompt_length, seed=2)
-    test = _prompts(args.test_prompts, args.prompt_length, seed=3)
+    pair, prompts, eos_id = _pair_and_prompts(args)
+    target, target_params, draft, draft_params, description = pair
+    common = dict(max_new_tokens=args.max_new_tokens, eos_id=eos_id)
+    train, valid, test = prompts["train"], prompts["validation"], prompts["test"]
     examples = extract_features(
         target, target_params, draft, draft_params, list(_batches(train, 32)), **common
     )
@@ -138,7 +208,9 @@ def main(argv=None) -> dict:
     tuning = tune_policies(
         target, target_params, draft, draft_params, valid, classifier,
         static_sl=args.static_sl, sl_max_grid=args.sl_max_grid,
-        threshold_grid=args.threshold_grid, **common,
+        threshold_grid=args.threshold_grid,
+        cumulative_threshold_grid=args.cumulative_threshold_grid,
+        cumulative_sources=args.cumulative_sources, **common,
     )  # fmt: skip
     policies = resolve_policies(
         policy_list(args.static_sl),
@@ -156,9 +228,19 @@ def main(argv=None) -> dict:
     )  # fmt: skip
 
     result = _result(measured, tuning, costs, classifier, valid_examples, examples, args)
+    result.update(pair_costs(costs, tuning["static_opt"]))
+    if not result["memory_bound"]:
+        print(
+            f"[disco benchmark] not memory-bound here: c={result['c']}, r_gamma="
+            f"{result['r_gamma']} (want c <= 0.1, r_gamma <= 1.3)"
+            + ("; raise --target_mb" if args.pair == "trained" else ""),
+            file=sys.stderr,
+            flush=True,
+        )
     result.update(
         target_mb=round(megabytes(target_params), 1),
         draft_mb=round(megabytes(draft_params), 1),
+        pair_kind=args.pair,
         pair=description,
         backend=jax.default_backend(),
     )

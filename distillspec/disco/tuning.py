@@ -1,8 +1,8 @@
 """DISCO App. E: tuning the lookahead policies on validation prompts, by modeled latency.
 
-`TuningConfig` holds the grids (static SL, SL_max, thresholds, keep_last) and the baselines'
-settings; `tune_policies` times every configuration at batch 1 and picks, per rule, the one
-with the lowest modeled latency per token.
+`TuningConfig` holds the grids (static SL, SL_max, thresholds, keep_last, the cumulative rule's
+thresholds and sources) and the baselines' settings; `tune_policies` times every configuration
+at batch 1 and picks, per rule, the one with the lowest modeled latency per token.
 """
 
 from __future__ import annotations
@@ -16,6 +16,33 @@ from distillspec import checks, lookahead
 from distillspec.evaluation.policies import measure_policies
 from distillspec.evaluation.timing import call_cost_timers
 
+# The cumulative rule's default thresholds: the predicted P(some draft of the round is
+# rejected) above which a round stops.
+CUMULATIVE_THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+def check_thresholds(name: str, grid: Sequence[float]) -> tuple[float, ...]:
+    """A non-empty grid of thresholds in [0, 1], as floats; else ValueError naming it."""
+    grid = tuple(grid)
+    try:
+        ok = bool(grid) and all(0.0 <= float(t) <= 1.0 for t in grid)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must hold thresholds in [0, 1], got {grid!r}")
+    return tuple(float(t) for t in grid)
+
+
+def check_sources(sources: Sequence[str]) -> tuple[str, ...]:
+    """A non-empty list of the cumulative rule's sources; else ValueError naming the valid ones."""
+    sources = tuple(sources) if not isinstance(sources, str) else (sources,)
+    bad = [s for s in sources if s not in lookahead.SOURCES]
+    if not sources or bad:
+        raise ValueError(
+            f"cumulative_sources must be a non-empty list of {lookahead.SOURCES}, got {sources!r}"
+        )
+    return sources
+
 
 @dataclasses.dataclass(frozen=True)
 class TuningConfig:
@@ -25,6 +52,10 @@ class TuningConfig:
     sl_max_grid: tuple[int, ...] = (4, 8)  # SL_max candidates of the confidence / DISCO rules.
     threshold_grid: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)  # Stop thresholds.
     keep_last_grid: tuple[bool, ...] = (True, False)  # Keep the doubtful last draft or drop it.
+    # The cumulative rule (SpecDec++): stop once P(some draft of the round is rejected) is above
+    # the threshold; its thresholds and acceptance estimates (lookahead.SOURCES).
+    cumulative_threshold_grid: tuple[float, ...] = CUMULATIVE_THRESHOLDS
+    cumulative_sources: tuple[str, ...] = lookahead.SOURCES
     heuristic_start: int = 5  # The heuristic's first lookahead (capped by max(sl_max_grid)).
     oracle_sl_max: int = 64  # The oracle's cap (its SL histogram is DISCO's Figure 4).
     timing_repeats: int = 1  # Calls timed per prompt; the median counts.
@@ -37,10 +68,9 @@ class TuningConfig:
                     f"{name} must be a non-empty list of SL values >= 1, got {values!r}"
                 )
             object.__setattr__(self, name, tuple(int(v) for v in values))
-        grid = tuple(self.threshold_grid)
-        if not grid or any(not 0.0 <= float(t) <= 1.0 for t in grid):
-            raise ValueError(f"threshold_grid must hold thresholds in [0, 1], got {grid!r}")
-        object.__setattr__(self, "threshold_grid", tuple(float(t) for t in grid))
+        for name in ("threshold_grid", "cumulative_threshold_grid"):
+            object.__setattr__(self, name, check_thresholds(name, getattr(self, name)))
+        object.__setattr__(self, "cumulative_sources", check_sources(self.cumulative_sources))
         keep_last = tuple(self.keep_last_grid)
         if not keep_last or any(not isinstance(k, bool) for k in keep_last):
             raise ValueError(
@@ -52,28 +82,56 @@ class TuningConfig:
         lookahead.Lookahead("oracle", self.oracle_sl_max)
 
 
+def tuning_grid(
+    static_sl: Sequence[int], sl_max_grid: Sequence[int], threshold_grid: Sequence[float],
+    keep_last_grid: Sequence[bool], cumulative_threshold_grid: Sequence[float],
+    cumulative_sources: Sequence[str],
+) -> dict[str, dict[str, lookahead.Lookahead]]:  # fmt: skip
+    """{rule: {label: Lookahead}} of every configuration `tune_policies` times: 'static'
+    ('static-<k>'), 'confidence' and 'disco' ('<kind>@<sl_max>/<threshold>/<keep|drop>') and
+    'cumulative' ('cumulative-<source>@<sl_max>/<threshold>/<keep|drop>')."""
+    keep = lambda k: "keep" if k else "drop"
+    grid = {"static": {f"static-{k}": lookahead.Lookahead("static", k) for k in static_sl}}
+    for kind in ("confidence", "disco"):
+        grid[kind] = {
+            f"{kind}@{n}/{t:g}/{keep(k)}": lookahead.Lookahead(kind, n, threshold=t, keep_last=k)
+            for n, k, t in itertools.product(sl_max_grid, keep_last_grid, threshold_grid)
+        }
+    grid["cumulative"] = {
+        f"cumulative-{s}@{n}/{t:g}/{keep(k)}": lookahead.Lookahead(
+            "cumulative", n, threshold=t, keep_last=k, source=s
+        )
+        for s, n, k, t in itertools.product(
+            check_sources(cumulative_sources), sl_max_grid, keep_last_grid,
+            check_thresholds("cumulative_threshold_grid", cumulative_threshold_grid),
+        )
+    }  # fmt: skip
+    return grid
+
+
 def tune_policies(
     target, target_params, draft, draft_params, prompts, classifier, *, static_sl: Sequence[int],
     sl_max_grid: Sequence[int], threshold_grid: Sequence[float],
-    keep_last_grid: Sequence[bool] = (True, False), max_new_tokens: int,
+    keep_last_grid: Sequence[bool] = (True, False),
+    cumulative_threshold_grid: Sequence[float] = CUMULATIVE_THRESHOLDS,
+    cumulative_sources: Sequence[str] = lookahead.SOURCES, max_new_tokens: int,
     eos_id: int | None, vocab_size: int | None = None, timing_repeats: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
-    """DISCO App. E: the static SL, and threshold, SL_max (and keep_last) of the confidence and
-    DISCO rules, with the lowest latency per token on `prompts` (batch-1 (tokens, lengths)
-    pairs). Latency is `timing.modeled_latency_ms`: the decoding runs' counted calls priced
-    with call costs measured here, which ranks 50-odd configurations without the timing noise
-    of a shared machine (measured wall-clock latencies are kept beside it).
+    """DISCO App. E: the static SL, and threshold, SL_max (and keep_last) of the confidence,
+    DISCO and cumulative rules (and the cumulative rule's source), with the lowest latency per
+    token on `prompts` (batch-1 (tokens, lengths) pairs). Latency is
+    `timing.modeled_latency_ms`: the decoding runs' counted calls priced with call costs
+    measured here, which ranks 50-odd configurations without the timing noise of a shared
+    machine (measured wall-clock latencies are kept beside it).
 
     Returns:
       {'static_opt': k, 'confidence': {'threshold', 'sl_max', 'keep_last'}, 'disco': {...},
-       'latency_ms': {policy label: ms per token}} (labels like 'disco@8/0.5/keep').
+       'cumulative': {'threshold', 'sl_max', 'keep_last', 'source'},
+       'latency_ms': {policy label: ms per token}} (labels as in `tuning_grid`).
     """
-    grid = {f"static-{k}": lookahead.Lookahead("static", k) for k in static_sl}
-    for kind, sl_max, keep_last, threshold in itertools.product(
-        ("confidence", "disco"), sl_max_grid, keep_last_grid, threshold_grid
-    ):
-        label = f"{kind}@{sl_max}/{threshold:g}/{'keep' if keep_last else 'drop'}"
-        grid[label] = lookahead.Lookahead(kind, sl_max, threshold=threshold, keep_last=keep_last)
+    rules = tuning_grid(static_sl, sl_max_grid, threshold_grid, keep_last_grid,
+                        cumulative_threshold_grid, cumulative_sources)  # fmt: skip
+    grid = {label: policy for configs in rules.values() for label, policy in configs.items()}
     cost_timers = call_cost_timers(
         target, target_params, draft, draft_params, prompts[0], grid.values(),
         classifier=classifier, max_new_tokens=max_new_tokens, vocab_size=vocab_size,
@@ -85,18 +143,20 @@ def tune_policies(
         timing_repeats=timing_repeats, desc="tuning",
     )  # fmt: skip
     modeled = {name: m["modeled_latency_ms"] for name, m in measured.items()}
-    best = lambda prefix: min((n for n in grid if n.startswith(prefix)), key=modeled.get)
+    best = lambda rule: grid[min(rules[rule], key=modeled.get)]
     out: dict[str, Any] = {
-        "static_opt": grid[best("static-")].sl_max,
+        "static_opt": best("static").sl_max,
         "modeled_latency_ms": modeled,
         "latency_ms": {name: m["latency_ms"] for name, m in measured.items()},
         "call_costs_ms": costs,
     }
-    for kind in ("confidence", "disco"):
-        chosen = grid[best(kind + "@")]
+    for kind in ("confidence", "disco", "cumulative"):
+        chosen = best(kind)
         out[kind] = {
             "threshold": chosen.threshold,
             "sl_max": chosen.sl_max,
             "keep_last": chosen.keep_last,
         }
+        if chosen.source is not None:
+            out[kind]["source"] = chosen.source
     return out

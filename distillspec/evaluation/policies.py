@@ -1,12 +1,12 @@
 """The lookahead policy axis (DISCO Table 1): batch-1 greedy latency of each policy.
 
 Every policy of `resolve_policies` ('static-<k>', 'static-opt', 'heuristic', 'confidence',
-'disco', 'oracle') and the target alone decode the same prompts at batch 1, greedy, interleaved
-per prompt (`measure_policies`); `evaluate_policies` makes one record per (eval set, draft,
-policy) with the keys of `POLICY_RECORD_KEYS`: latency_ms per generated token, speedup against
-the target alone, mean_sl, the per-round sl_histogram, alpha, tau and exact (output identical
-to the target's). The tuned policies take a draft's saved DISCO tuning as plain data (the
-'tuning' of its classifier.json, written by `python -m distillspec.disco`).
+'disco', 'cumulative', 'oracle') and the target alone decode the same prompts at batch 1,
+greedy, interleaved per prompt (`measure_policies`); `evaluate_policies` makes one record per
+(eval set, draft, policy) with the keys of `POLICY_RECORD_KEYS`: latency_ms per generated
+token, speedup against the target alone, mean_sl, the per-round sl_histogram, alpha, tau and
+exact (output identical to the target's). The tuned policies take a draft's saved DISCO tuning
+as plain data (the 'tuning' of its classifier.json, written by `python -m distillspec.disco`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from distillspec.evaluation.timing import (
     modeled_latency_ms,
 )
 from distillspec.feature_converters import single_prompts
-from distillspec.lookahead import Lookahead
+from distillspec.lookahead import THRESHOLD_KINDS, Lookahead
 from distillspec.records import POLICY_NAMES, TARGET_POLICY, TUNED_POLICIES, append_records
 from distillspec.sampling import SamplingConfig
 
@@ -38,6 +38,7 @@ POLICY_RECORD_KEYS = (
     "sl_max",
     "threshold",
     "keep_last",
+    "source",
     "temperature",
     "alpha",
     "tau",
@@ -76,11 +77,12 @@ def _policy_fields(
     tokens = total("lengths")
     hist = np.sum([r.sl_histogram.sum(0) for r in runs], axis=0)
     latency = 1000.0 * seconds / max(tokens, 1)
-    tuned_threshold = lookahead is not None and lookahead.kind in ("confidence", "disco")
+    tuned_threshold = lookahead is not None and lookahead.kind in THRESHOLD_KINDS
     return {
         "sl_max": lookahead.sl_max if lookahead else 0,
         "threshold": float(lookahead.threshold) if tuned_threshold else None,
         "keep_last": lookahead.keep_last if lookahead else None,
+        "source": lookahead.source if lookahead else None,
         "alpha": total("accepted") / max(total("drafted"), 1),
         "tau": tokens / max(total("target_calls"), 1),
         "mean_sl": total("drafted") / max(total("target_calls"), 1),
@@ -137,7 +139,8 @@ def measure_policies(
     Args:
       prompts: (prompt_tokens [1, P], prompt_lengths [1]) pairs, all of one shape.
       policies: {name: Lookahead}; names must not be 'target'.
-      classifier: DISCO classifier variables (for kind 'disco').
+      classifier: DISCO classifier variables (for kind 'disco', and 'cumulative' from
+        'classifier').
       cost_timers: `timing.call_cost_timers` output for these policies; with it the cost
         model's timers run once per prompt beside the policies (interleaved: the machine's
         speed drifts by tens of percent over minutes, so costs timed apart from the runs they
@@ -164,7 +167,7 @@ def measure_policies(
         def run(prompt, reference):
             return speculative_generate(
                 target, draft, target_params, draft_params, *prompt, lookahead=lookahead,
-                classifier=classifier if lookahead.kind == "disco" else None,
+                classifier=classifier if lookahead.uses_classifier else None,
                 oracle_tokens=reference.tokens if lookahead.kind == "oracle" else None,
                 sampling=greedy, **common,
             )  # fmt: skip
@@ -226,9 +229,12 @@ def resolve_policies(
     """{name: Lookahead} for policy names (the target alone is always measured besides).
 
     Args:
-      names: 'static-<k>', 'static-opt', 'heuristic', 'confidence', 'disco', 'oracle'.
+      names: 'static-<k>', 'static-opt', 'heuristic', 'confidence', 'disco', 'cumulative',
+        'oracle'.
       tuning: a draft's validation tuning (classifier.json's 'tuning', from
-        `python -m distillspec.disco`): static_opt, and the confidence and disco settings.
+        `python -m distillspec.disco`): static_opt, and the confidence, disco and cumulative
+        settings. A tuning saved before a tuned policy existed lacks its settings: that policy
+        is an error naming the command that tunes it again.
       heuristic_sl_max, heuristic_start: the heuristic's cap and first lookahead.
       oracle_sl_max: the oracle's cap (large: the oracle SL histogram is DISCO's Figure 4).
     """
@@ -241,6 +247,13 @@ def resolve_policies(
                 f"policy {name!r} is tuned on validation data: train and tune the draft's "
                 "classifier first with python -m distillspec.disco"
             )
+        key = "static_opt" if name == "static-opt" else name
+        if name in TUNED_POLICIES and key not in tuning:
+            raise ValueError(
+                f"the draft's saved tuning has no {key!r} settings (it was tuned before policy "
+                f"{name!r} existed; it has {sorted(tuning)}): tune it again with python -m "
+                "distillspec.disco (a rerun retunes a tuning that lacks a policy)"
+            )
         if name.startswith("static-") and name[7:].isdigit():
             out[name] = Lookahead("static", int(name[7:]))
         elif name == "static-opt":
@@ -249,7 +262,7 @@ def resolve_policies(
             out[name] = Lookahead(
                 "heuristic", heuristic_sl_max, start=min(heuristic_start, heuristic_sl_max)
             )
-        elif name in ("confidence", "disco"):
+        elif name in THRESHOLD_KINDS:
             out[name] = Lookahead(name, **tuning[name])
         elif name == "oracle":
             out[name] = Lookahead("oracle", oracle_sl_max)

@@ -265,10 +265,14 @@ def rounds_within(max_new_tokens: int | None, tokens_per_round: int, most: int =
 
 def program_key(policy: sl.Lookahead | None) -> str:
     """The cost model's name of a policy's compiled loop: 'plain', 'static' (every SL-k), or
-    '<kind>-<sl_max>' (a dynamic policy's draft loop and verify-width switch)."""
+    '<kind>-<sl_max>' (a dynamic policy's draft loop and verify-width switch; the cumulative
+    rule's '<kind>-<source>-<sl_max>': its sources are different programs)."""
     if policy is None:
         return "plain"
-    return "static" if policy.kind == "static" else f"{policy.kind}-{policy.sl_max}"
+    if policy.kind == "static":
+        return "static"
+    source = f"-{policy.source}" if policy.source else ""
+    return f"{policy.kind}{source}-{policy.sl_max}"
 
 
 def _verify_width(policy: sl.Lookahead | None, drafts: int) -> int:
@@ -365,7 +369,7 @@ def call_cost_timers(
         models = (draft, draft_params) if policy is not None else (None, None)
         timed = decoder_round_timers(
             target, target_params, *models, tokens, lengths, policy, n,
-            classifier if policy is not None and policy.kind == "disco" else None, schedules,
+            classifier if policy is not None and policy.uses_classifier else None, schedules,
             vocab_size,
         )  # fmt: skip
         for i, (drafts, (timer, round_calls)) in enumerate(zip(schedules, timed)):

@@ -22,11 +22,15 @@ from distillspec.disco.classifier import (
     train_classifier,
 )
 from distillspec.disco.features import extract_features
-from distillspec.disco.tuning import TuningConfig, tune_policies
+from distillspec.disco.tuning import CUMULATIVE_THRESHOLDS, TuningConfig, tune_policies
 from distillspec.evaluation.policies import evaluate_policies
 from distillspec.feature_converters import single_prompts
+from distillspec.lookahead import SOURCES
 from distillspec.records import RECORDS_FILE, policy_list, write_text_atomic
 from distillspec.runs.common import open_run, prompt_sets
+
+# What a saved tuning must hold to be reused: static SL-opt and every threshold rule's settings.
+TUNED_KEYS = ("static_opt", "confidence", "disco", "cumulative")
 
 
 def disco(
@@ -49,6 +53,8 @@ def disco(
     sl_max_grid: Sequence[int] = (4, 8),
     threshold_grid: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95),
     keep_last_grid: Sequence[bool] = (True, False),
+    cumulative_threshold_grid: Sequence[float] = CUMULATIVE_THRESHOLDS,
+    cumulative_sources: Sequence[str] = SOURCES,
     heuristic_start: int = 5,
     oracle_sl_max: int = 64,
     timing_repeats: int = 1,
@@ -61,14 +67,13 @@ def disco(
     """DISCO for each draft: classifier, tuning, and the DISCO Table 1 evaluation.
 
     Per draft (a Hugging Face or T5X checkpoint directory): features on num_train_prompts of
-    train_set and on num_validation_prompts of validation_set; the classifier; F1 against the
+    train_set and num_validation_prompts of validation_set; the classifier; its F1 against the
     best static-SL rule on validation (Table 4); latency tuning on validation of static SL-opt
-    and of threshold and SL_max for the confidence and DISCO rules; everything saved in
-    `<draft>/disco/` with the draft's fingerprint (a rerun reuses it unless retrain=True or the
-    draft changed). Then every policy is timed at batch 1 on num_prompts of each eval set
-    (greedy), and one record per (eval set, draft, policy) is appended to
-    OUTPUT_DIR/records.jsonl; disco_table.md,
-    oracle_sl_hist.png and disco_f1.md (Table 4) are written there and the tables are printed.
+    and the confidence, DISCO and cumulative rules (`TuningConfig`), all saved in
+    `<draft>/disco/` with the draft's fingerprint (reused unless retrain=True, the draft
+    changed, or the saved tuning lacks a rule). Then every policy is timed at batch 1 on
+    num_prompts of each eval set (greedy): one record per (eval set, draft, policy) appended to
+    OUTPUT_DIR/records.jsonl, disco_table.md, oracle_sl_hist.png, disco_f1.md written, printed.
     """
     # Every classifier and tuning setting is checked before any model is loaded.
     classifier_config = ClassifierConfig(
@@ -77,10 +82,10 @@ def disco(
         seed=seed,
     )  # fmt: skip
     tuning_config = TuningConfig(
-        static_sl=tuple(static_sl), sl_max_grid=tuple(sl_max_grid),
-        threshold_grid=tuple(threshold_grid), keep_last_grid=tuple(keep_last_grid),
-        heuristic_start=heuristic_start, oracle_sl_max=oracle_sl_max,
-        timing_repeats=timing_repeats,
+        static_sl=static_sl, sl_max_grid=sl_max_grid, threshold_grid=threshold_grid,
+        keep_last_grid=keep_last_grid, cumulative_threshold_grid=cumulative_threshold_grid,
+        cumulative_sources=cumulative_sources, heuristic_start=heuristic_start,
+        oracle_sl_max=oracle_sl_max, timing_repeats=timing_repeats,  # Made tuples there.
     )  # fmt: skip
     tokenizer, target, target_params, loaded, names = open_run(
         "disco", output_dir, target_checkpoint, drafts, vocabulary,
@@ -139,7 +144,13 @@ def _reusable(name: str, directory: str, draft, draft_params, vocab_size: int | 
     except ValueError as e:  # Another draft's classifier: made anew.
         print(f"[disco] {name}: {e}", file=sys.stderr)
         return None
-    if "tuning" not in metadata:
+    missing = [key for key in TUNED_KEYS if key not in metadata.get("tuning", {})]
+    if missing:  # Saved before a tuned policy existed (the cumulative rule): made anew.
+        print(
+            f"[disco] {name}: the saved tuning in {directory} lacks {missing} (saved before "
+            "those policies existed); training and tuning again",
+            file=sys.stderr,
+        )
         return None
     print(f"[disco] {name}: reusing the classifier in {directory}", file=sys.stderr)
     return variables, metadata
@@ -181,7 +192,9 @@ def _trained_classifier(
         target, target_params, draft, draft_params, valid_prompts, variables,
         static_sl=tuning.static_sl, sl_max_grid=tuning.sl_max_grid,
         threshold_grid=tuning.threshold_grid, keep_last_grid=tuning.keep_last_grid,
-        timing_repeats=tuning.timing_repeats, **common,
+        cumulative_threshold_grid=tuning.cumulative_threshold_grid,
+        cumulative_sources=tuning.cumulative_sources, timing_repeats=tuning.timing_repeats,
+        **common,
     )  # fmt: skip
     metadata = {
         "fingerprint": storage.fingerprint(draft, draft_params, vocab_size),
@@ -198,7 +211,8 @@ def _trained_classifier(
     storage.save_classifier(directory, variables, metadata)
     print(
         f"[disco] {name}: static SL-opt {tuned['static_opt']}, confidence "
-        f"{tuned['confidence']}, disco {tuned['disco']}; saved in {directory}",
+        f"{tuned['confidence']}, disco {tuned['disco']}, cumulative {tuned['cumulative']}; "
+        f"saved in {directory}",
         file=sys.stderr,
         flush=True,
     )
