@@ -157,10 +157,7 @@ def divergence(
     Raises:
       ValueError: on an unknown kind, beta outside [0, 1], or mismatched shapes.
     """
-    if kind not in KINDS:
-        raise ValueError(f"Unknown divergence kind {kind!r}; valid kinds are {KINDS}.")
-    beta = _check_beta(beta)
-    _check_shapes(student_logits, teacher_logits, weights)
+    beta = _check_arguments(student_logits, teacher_logits, weights, kind, beta)
     student_logits = _zero_masked(student_logits, weights)
     teacher_logits = _zero_masked(teacher_logits, weights)
     if kind == "fkl":
@@ -172,6 +169,14 @@ def divergence(
     else:
         per_token = total_variation(student_logits, teacher_logits)
     return _weighted_sum(per_token, weights)
+
+
+def _check_arguments(student_logits, teacher_logits, weights, kind: str, beta: float) -> float:
+    """Validates a divergence's arguments (see `divergence`); returns beta as a float."""
+    if kind not in KINDS:
+        raise ValueError(f"Unknown divergence kind {kind!r}; valid kinds are {KINDS}.")
+    _check_shapes(student_logits, teacher_logits, weights)
+    return _check_beta(beta)
 
 
 def distillation_sums(
@@ -204,10 +209,7 @@ def distillation_sums(
     Raises:
       ValueError: on an unknown kind, beta outside [0, 1], or mismatched shapes.
     """
-    if kind not in KINDS:
-        raise ValueError(f"Unknown divergence kind {kind!r}; valid kinds are {KINDS}.")
-    beta = _check_beta(beta)
-    _check_shapes(student_logits, teacher_logits, weights)
+    beta = _check_arguments(student_logits, teacher_logits, weights, kind, beta)
     student_logits = _zero_masked(student_logits, weights)
     log_p = _log_probs(_zero_masked(teacher_logits, weights))
     p = jnp.exp(log_p)
