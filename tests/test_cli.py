@@ -7,6 +7,7 @@ its exports then feed `python -m distillspec.evaluate` and `python -m distillspe
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 
@@ -226,7 +227,6 @@ def test_round_profile_script_on_your_own_checkpoints(tiny_quickstart):
 
     exports = tiny_quickstart[0]
     script = runpy.run_path(str(pathlib.Path(__file__).parents[1] / "scripts" / "profile_round.py"))
-    # 32 new tokens: timers over enough calls to stay > 0 under a second test process.
     records = script["main"]([
         "--target", str(exports / "target" / "export"), "--draft",
         str(exports / "distilled" / "export"), "--vocabulary", "byte", "--gamma", "2",
@@ -234,7 +234,12 @@ def test_round_profile_script_on_your_own_checkpoints(tiny_quickstart):
     ])  # fmt: skip
     assert [r["temperature"] for r in records] == [0.0, 1.0]
     for r in records:
-        assert r["rounds"] >= 32 // 3 and r["target_call_ms"] > 0 and r["round_calls_ms"] > 0
+        # Per-call figures are differences of two timed runs: on a model this small they are
+        # within timer noise of 0 and may come out negative (CI saw -0.04 ms), so only their
+        # presence and the script's arithmetic are asserted, never a sign.
+        assert r["rounds"] >= 32 // 3 and math.isfinite(r["target_call_ms"] + r["round_calls_ms"])
+        assert r["plain_outside_ms"] == pytest.approx(r["plain_step_ms"] - r["target_call_ms"],
+                                                      abs=1e-3)  # fmt: skip
         assert r["spec_outside_ms"] == pytest.approx(r["spec_round_ms"] - r["round_calls_ms"],
                                                      abs=1e-3)  # fmt: skip
 
