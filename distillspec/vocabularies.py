@@ -8,6 +8,7 @@ fallback and whitespace and newlines kept exactly, cached on disk under `default
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -130,10 +131,7 @@ def get_vocabulary(
         raise ValueError(f"Unknown vocabulary {name!r}; valid names: {VOCABULARY_NAMES}")
     texts = corpus.code_training_text(corpus.build_code_corpus(max_files=max_files))
     path = train_sentencepiece(texts, cache_dir=cache_dir, vocab_size=vocab_size)
-    vocabulary = seqio.SentencePieceVocabulary(str(path))
-    with console.native_logs_silenced():
-        _ = vocabulary.tf_tokenizer  # Loads (and caches) TF Text's copy of the model, which logs.
-    return vocabulary
+    return _QuietSentencePieceVocabulary(str(path))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,7 +216,27 @@ class HFTokenizerVocabulary(seqio.Vocabulary):
         return hash((self.path, self._eos_id, self._bos_id))
 
 
-class _SentencePieceWithIds(seqio.SentencePieceVocabulary):
+class _QuietSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+    """seqio's SentencePiece vocabulary with one TF tokenizer, loaded quietly.
+
+    seqio builds a new TF Text tokenizer at every `tf_tokenizer` access, and each one loads the
+    model when a tf.data pipeline first runs it, logging "precompiled_charsmap is empty" from C++
+    (outside any Python block that could silence it). This one is built once, its model loaded
+    eagerly (`tf.init_scope`, even when first asked for inside a pipeline's graph) under
+    `console.native_logs_silenced()`; pipelines then capture the loaded model.
+    """
+
+    @functools.cached_property
+    def tf_tokenizer(self):
+        import tensorflow as tf  # seqio imports it already.
+
+        with tf.init_scope(), console.native_logs_silenced():
+            tokenizer = super().tf_tokenizer
+            tokenizer.tokenize("")  # Loads the model now, once.
+        return tokenizer
+
+
+class _SentencePieceWithIds(_QuietSentencePieceVocabulary):
     """A SentencePiece model whose EOS / BOS ids come from its checkpoint's config."""
 
     def __init__(self, path: str, *, eos_id: int | None, bos_id: int | None):

@@ -152,7 +152,10 @@ def test_command_line_output_to_a_file_is_quiet_and_each_progress_line_appears_o
 def test_loading_the_sentencepiece_vocabulary_is_quiet_unless_verbose(tmp_path, argv):
     script = (
         f"from distillspec import console, vocabularies; console.quiet_startup({argv!r}); "
-        f"vocabularies.get_vocabulary(cache_dir={str(tmp_path)!r}, max_files=60, vocab_size=512)"
+        f"v = vocabularies.get_vocabulary(cache_dir={str(tmp_path)!r}, max_files=60, "
+        "vocab_size=512); import tensorflow as tf\n"
+        "for _ in range(2):  # Pipelines as training builds them, one per stage.\n"
+        "    list(tf.data.Dataset.from_tensor_slices(['a b', 'c']).map(v.encode_tf))"
     )  # A process of its own: TF Text logs on loading a model, once per process.
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          cwd=REPO, timeout=300, check=True)  # fmt: skip
