@@ -178,8 +178,10 @@ def test_line_progress_writes_each_update_once(capsys):
 
 def test_break_even_and_verdict_lines_name_the_cause():
     cheap = {"c": 0.05, "r_gamma": {3: 1.0, 5: 1.05}}
-    # 1 + a + a^2 + a^3 = 3 * 0.05 + 1: a = 0.1307 (by hand: 0.1307 + 0.0171 + 0.0022 = 0.15).
-    assert costs.break_even_alpha(3, 0.05, 1.0) == pytest.approx(0.1307, abs=1e-3)
+    # alpha as evaluate reports it (accepted / proposed): tau = 1 + 3 a = 3 * 0.05 + 1.0, a = 0.05.
+    assert costs.break_even_alpha(3, 0.05, 1.0) == pytest.approx(0.05)
+    a = costs.break_even_alpha(5, 0.05, 1.05)  # = 0.06; at it, S* (of tau = 1 + 5 a) is 1.
+    assert costs.ideal_speedup(1 + 5 * a, 5, 0.05, 1.05) == pytest.approx(1.0)
     assert "speeds decoding up only if alpha > 0." in costs.break_even_line(cheap)
     dear = {"c": 1.2, "r_gamma": {3: 1.3, 5: 1.6}}
     assert costs.break_even_alpha(3, 1.2, 1.3) is None  # 4.9 > the 4 tokens a round can give.

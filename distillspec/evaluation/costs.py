@@ -64,21 +64,15 @@ def ideal_speedup(tau: float, gamma: int, c: float | None, r_gamma: float | None
     return None if c is None or r_gamma is None else tau / (gamma * c + r_gamma)
 
 
-def tau_of(alpha: float, gamma: int) -> float:
-    """Expected tokens per round at i.i.d. acceptance alpha: (1 - alpha^(gamma+1)) / (1 - alpha)."""
-    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
 def break_even_alpha(gamma: int, c: float, r_gamma: float) -> float | None:
-    """The acceptance rate at which S* = 1 (None: not even alpha = 1 reaches it)."""
-    cost = gamma * c + r_gamma
-    if tau_of(1.0, gamma) < cost:
-        return None
-    low, high = 0.0, 1.0
-    for _ in range(50):  # tau_of grows with alpha: bisect.
-        mid = (low + high) / 2
-        low, high = (mid, high) if tau_of(mid, gamma) < cost else (low, mid)
-    return high
+    """The acceptance rate alpha at which S* = 1, None when not even alpha = 1 reaches it.
+
+    alpha as `evaluate` reports it, accepted drafts / proposed drafts, so tau = 1 + gamma * alpha
+    and S* = 1 exactly at alpha = (gamma * c + r_gamma - 1) / gamma. (Not the per-token
+    acceptance probability of Leviathan et al.'s i.i.d. model, which the printed alpha is not.)
+    """
+    alpha = (gamma * c + r_gamma - 1) / gamma
+    return None if alpha > 1 else max(alpha, 0.0)
 
 
 def verdict(name: str, costs: dict[str, Any], taus: dict[int, float]) -> str:
@@ -112,7 +106,8 @@ def verdict(name: str, costs: dict[str, Any], taus: dict[int, float]) -> str:
 
 
 def break_even_line(costs: dict[str, Any]) -> str:
-    """One line after training: c, and the acceptance rate the draft needs to win per gamma."""
+    """One line after training: c, and the acceptance rate (as `evaluate` reports it) the draft
+    needs to win per gamma."""
     c = costs["c"]
     if c is None:
         return "the draft's call cost could not be timed on this machine"
