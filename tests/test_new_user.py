@@ -162,6 +162,14 @@ def test_loading_the_sentencepiece_vocabulary_is_quiet_unless_verbose(tmp_path, 
     assert ("precompiled_charsmap" in out.stderr) == bool(argv), out.stderr[-2000:]
 
 
+@pytest.mark.parametrize("name", ["speculative", "disco", "train_step"])
+def test_benchmark_entry_points_start_quietly(name):
+    command = [sys.executable, "-m", f"distillspec.benchmarks.{name}", "--help"]
+    out = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300, check=True)
+    assert "usage:" in out.stdout  # --help comes after the benchmark's imports (TensorFlow's).
+    assert not [n for n in NOISE if n in out.stderr], out.stderr[-2000:]
+
+
 def test_line_progress_writes_each_update_once(capsys):
     bar = metrics.LineProgress(total=10, initial=0, lines=5)
     for step in range(1, 11):

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
+
+from distillspec import console
+
+# `python -m distillspec.benchmarks.<name>` imports this package first, with sys.argv[0] still
+# "-m" (the module is being located): an entry point, quiet before the benchmark's own imports
+# load TensorFlow. An import from a test or a script leaves the process as it is.
+if sys.argv[:1] == ["-m"]:
+    console.quiet_startup()
 
 
 def emit(result: Any, path: str | None, echo: bool = True) -> Any:
