@@ -4,6 +4,7 @@
         [--seeds runs/quickstart runs/seed1 runs/seed2] [--disco runs/quickstart]
         [--study runs/study] [--speculative_json runs/benchmarks/speculative.json]
         [--disco_json runs/benchmarks/disco.json]
+        [--disco_trained_json runs/benchmarks/disco_trained.json]
         [--train_step_json runs/benchmarks/train_step.json]
 
 Each flag points at one input; its default is where the documented command writes it. A page is
@@ -26,7 +27,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from distillspec import tables
+from distillspec import plots, tables
 from distillspec.records import RECORDS_FILE, read_jsonl
 from distillspec.study import report as study_report
 
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--study", default="runs/study", help="python -m distillspec.study's output directory")
     add("--speculative_json", default="runs/benchmarks/speculative.json")
     add("--disco_json", default="runs/benchmarks/disco.json")
+    add("--disco_trained_json", default="runs/benchmarks/disco_trained.json")
     add("--train_step_json", default="runs/benchmarks/train_step.json")
     return parser
 
@@ -243,18 +245,61 @@ def speculative_page(args: argparse.Namespace, out_dir: str) -> str | None:
     ])  # fmt: skip
 
 
-def disco_benchmark_page(args: argparse.Namespace, out_dir: str) -> str | None:
-    result = _json(args.disco_json)
+POLICY_COLUMNS = ("latency_ms", "modeled_latency_ms", "speedup", "mean_sl", "tau", "exact")
+SWEEP_POLICIES = ("heuristic", "confidence", "disco", "cumulative", "oracle")
+
+
+def _disco_result_page(path: str, out_dir: str, figure: str) -> str | None:
+    """A DISCO benchmark's JSON as DISCO Table 1 (every policy, its latency reduction against
+    static SL-opt and, for the headline policies, its 90% interval over the test prompts), the
+    pair's costs, and the modeled sweep's figure and table when the run made one."""
+    result = _json(path)
     if not result:
         return None
-    policies = [{"policy": name, **figures} for name, figures in result.get("policies", {}).items()]
-    return "\n\n".join([
-        f"Result: `{args.disco_json}`. Pair: {result.get('pair', '')}",
-        "Headline figures (latency reduction against static-opt, %):",
+    measured = result.get("policies", {})
+    opt = measured.get("static-opt", {}).get("latency_ms")
+    rows = []
+    for name, figures in measured.items():
+        row = {"policy": name, **{k: figures.get(k) for k in POLICY_COLUMNS}}
+        if opt:
+            row["vs_static_opt_pct"] = round(100.0 * (opt - figures["latency_ms"]) / opt, 2)
+        interval = result.get(f"{name}_vs_static_opt_pct_interval")
+        row["interval_90"] = f"[{interval[0]:+.1f}, {interval[1]:+.1f}]" if interval else ""
+        rows.append(row)
+    costs = {k: result.get(k) for k in ("c", "r_gamma", "r_gamma_width", "memory_bound")}
+    parts = [
+        f"Result: `{path}`. Pair: {result.get('pair', '')}",
+        f"Batch 1, greedy, {result.get('test_prompts')} test prompts x "
+        f"{result.get('timing_repeats')} timings (median per prompt), "
+        f"{result.get('max_new_tokens')} new tokens; every policy's output compared with the "
+        f"target's: all exact = {result.get('all_exact')}. Measured costs on this machine: "
+        + ", ".join(f"{k} = {v}" for k, v in costs.items()) + ".",
+        "Every policy (latency in ms per token; *Latency vs static-opt*: its reduction against "
+        "static SL-opt, and `interval_90` its 90% bootstrap interval over the test prompts):",
+        tables.to_markdown(rows),
+        "Tuned settings and the other figures:",
         tables.to_markdown(_flat(result)),
-        "Per policy:",
-        tables.to_markdown(policies),
-    ])  # fmt: skip
+    ]  # fmt: skip
+    sweep = result.get("sweep")
+    plot = lambda rows, png: plots.plot_lookahead_sweep(rows, png, SWEEP_POLICIES)
+    if sweep:
+        parts += [
+            "**Modeled, not measured**: each configuration's counted calls on the test prompts "
+            "priced with synthetic costs (a target call linear in its width, r_γ at γ = 5; a "
+            "draft call c; the decoder's own work free), every rule tuned for each profile on "
+            "the validation prompts' counts. Latency reduction against static SL-opt (%):",
+            _figure(sweep, plot, out_dir, figure),
+            tables.to_markdown(sweep),
+        ]
+    return "\n\n".join(parts)
+
+
+def disco_benchmark_page(args: argparse.Namespace, out_dir: str) -> str | None:
+    return _disco_result_page(args.disco_json, out_dir, "disco_benchmark_sweep.png")
+
+
+def disco_trained_page(args: argparse.Namespace, out_dir: str) -> str | None:
+    return _disco_result_page(args.disco_trained_json, out_dir, "disco_trained_sweep.png")
 
 
 def train_step_page(args: argparse.Namespace, out_dir: str) -> str | None:
@@ -291,6 +336,14 @@ PAGES = (
         "Benchmark: DISCO on the memory-bound reference pair",
         "python -m distillspec.benchmarks.disco --json runs/benchmarks/disco.json",
         disco_benchmark_page,
+    ),
+    Page(
+        "disco_trained.md",
+        "Benchmark: DISCO on the trained memory-bound pair (the main job's models, the target "
+        "padded with zero-output blocks: logits unchanged)",
+        "python -m distillspec.benchmarks.disco --pair trained --draft distilled --json "
+        "runs/benchmarks/disco_trained.json",
+        disco_trained_page,
     ),
     Page(
         "train_step.md",

@@ -328,15 +328,28 @@ def test_disco_benchmark_on_a_tiny_trained_pair(tmp_path):
     model, params = tiny_lm(260)
     save_pretrained(model, params, str(tmp_path / "target" / "export"))
     save_pretrained(model, perturbed(params, 0.02, 1), str(tmp_path / "distilled" / "export"))
-    result = disco_bench.main([
+    pair = [
         "--pair", "trained", "--run_dir", str(tmp_path), "--vocabulary", "byte",
         "--pad_layers", "2", "--train_prompts", "8", "--validation_prompts", "2",
         "--test_prompts", "2", "--prompt_length", "16", "--max_new_tokens", "4",
         "--static_sl", "1", "2", "--sl_max_grid", "2", "--threshold_grid", "0.5",
         "--cumulative_threshold_grid", "0.5", "--oracle_sl_max", "4", "--timing_repeats", "1",
-        "--json", str(tmp_path / "out.json"),
+    ]  # fmt: skip
+    profile = disco_bench.main(pair + ["--write_profile", str(tmp_path / "profile.json")])
+    assert set(profile["target_ms"]) == {1, 2, 3, 4, 5} and set(profile["draft_ms"]) == {1, 2}
+    assert "padded with 2 blocks" in profile["pair"]
+    result = disco_bench.main(pair + [
+        "--profile", str(tmp_path / "profile.json"), "--sweep_c", "0.05", "0.4",
+        "--sweep_r", "1.0", "2.0", "--json", str(tmp_path / "out.json"),
     ])  # fmt: skip
     assert result["all_exact"] and result["pair_kind"] == "trained"
+    assert [(row["c"], row["r_gamma"]) for row in result["sweep"]] == [
+        (0.05, 1.0), (0.05, 2.0), (0.4, 1.0), (0.4, 2.0)
+    ]  # fmt: skip
+    for key in ("disco", "cumulative", "oracle"):
+        low, high = result[f"{key}_vs_static_opt_pct_interval"]  # Over the 2 test prompts.
+        assert low <= high
+        assert math.isfinite(result[f"profile_{key}_vs_static_opt_pct"])
     assert "padded with 2 blocks" in result["pair"]
     assert {"cumulative", "disco", "oracle", "static-opt"} <= set(result["policies"])
     for key in ("disco", "cumulative", "oracle"):
@@ -353,3 +366,6 @@ def test_disco_benchmark_on_a_tiny_trained_pair(tmp_path):
     }
     with pytest.raises(SystemExit):  # No main job there: a message naming the quickstart.
         disco_bench.main(["--pair", "trained", "--run_dir", str(tmp_path / "none")])
+    (tmp_path / "bad.json").write_text('{"target_ms": {"1": 0}, "draft_ms": {"1": 1}}')
+    with pytest.raises(SystemExit):  # A bad profile stops before any model is loaded.
+        disco_bench.main(pair + ["--profile", str(tmp_path / "bad.json")])

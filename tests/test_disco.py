@@ -537,8 +537,30 @@ def test_a_saved_tuning_without_the_cumulative_rule_is_made_anew(tmp_path, model
     old = {"static_opt": 2, "confidence": tuned, "disco": tuned}
     metadata = {"fingerprint": storage.fingerprint(model, noisy, VOCAB), "vocab_size": VOCAB}
     storage.save_classifier(directory, variables, {**metadata, "tuning": old})
-    assert _reusable("standard", directory, model, noisy, VOCAB) is None
+    assert _reusable("standard", directory, model, noisy, VOCAB, None) is None
     assert "lacks ['cumulative']" in capsys.readouterr().err
     new = {**old, "cumulative": {**tuned, "source": "classifier"}}
     storage.save_classifier(directory, variables, {**metadata, "tuning": new})
-    assert _reusable("standard", directory, model, noisy, VOCAB)[1]["tuning"] == new
+    assert _reusable("standard", directory, model, noisy, VOCAB, None)[1]["tuning"] == new
+    # Tuned for this machine's costs: a deployment's cost profile tunes it again, and a tuning
+    # made for that profile is reused for it (the JSON file's widths are strings).
+    profile = {"target_ms": {1: 2.0, 9: 2.4}, "draft_ms": {1: 0.1, 2: 0.1}}
+    capsys.readouterr()
+    assert _reusable("standard", directory, model, noisy, VOCAB, profile) is None
+    assert "made for other call costs" in capsys.readouterr().err
+    made = {**new, "cost_profile": profile}
+    storage.save_classifier(directory, variables, {**metadata, "tuning": made})
+    assert _reusable("standard", directory, model, noisy, VOCAB, profile) is not None
+    assert _reusable("standard", directory, model, noisy, VOCAB, None) is None
+
+
+def test_disco_run_tunes_for_a_cost_profile(tmp_path):
+    """TuningConfig loads and checks the profile when made (before any model is loaded)."""
+    from distillspec.disco.tuning import TuningConfig
+
+    path = tmp_path / "gpu.json"
+    path.write_text('{"target_ms": {"1": 2.0, "9": 2.4}, "draft_ms": {"1": 0.1}}')
+    config = TuningConfig(cost_profile=str(path))
+    assert config.profile == {"target_ms": {1: 2.0, 9: 2.4}, "draft_ms": {1: 0.1}}
+    with pytest.raises(ValueError, match="missing.json' not found: write one with"):
+        _run(tmp_path, cost_profile=str(tmp_path / "missing.json"))

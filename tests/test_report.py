@@ -47,7 +47,8 @@ def _argv(tmp_path, *extra):
     return [
         "--out_dir", str(tmp_path / "results"), "--quickstart", missing, "--disco", missing,
         "--study", missing, "--speculative_json", f"{missing}.json",
-        "--disco_json", f"{missing}.json", "--train_step_json", f"{missing}.json", *extra,
+        "--disco_json", f"{missing}.json", "--disco_trained_json", f"{missing}.json",
+        "--train_step_json", f"{missing}.json", *extra,
     ]  # fmt: skip
 
 
@@ -56,7 +57,8 @@ def test_pages_only_for_inputs_that_exist_and_an_index_of_all(tmp_path):
     written = report.main(_argv(tmp_path, "--quickstart", run, "--disco", run))
     assert written == {
         "quickstart.md": True, "seeds.md": False, "disco.md": True, "study.md": False,
-        "speculative.md": False, "disco_benchmark.md": False, "train_step.md": False,
+        "speculative.md": False, "disco_benchmark.md": False, "disco_trained.md": False,
+        "train_step.md": False,
     }  # fmt: skip
     out = tmp_path / "results"
     assert sorted(p.name for p in out.iterdir()) == [
@@ -68,7 +70,7 @@ def test_pages_only_for_inputs_that_exist_and_an_index_of_all(tmp_path):
         assert page.title in index and page.producer in index
     assert "[The main job: Table C.1 and quality](quickstart.md)" in index
     assert "| Benchmark: where a distillation step's time goes |" in index  # Not linked.
-    assert index.count("no: input not found") == 5
+    assert index.count("no: input not found") == 6
 
 
 def test_a_page_is_stamped_and_shows_the_records_figures(tmp_path):
@@ -115,6 +117,27 @@ def test_benchmark_pages_from_their_json(tmp_path):
     assert "| 0.79 |" in (out / "speculative.md").read_text()
     assert "| disco_vs_static_opt_pct | 4.50 |" in (out / "disco_benchmark.md").read_text()
     assert "| kd_step_fixed_over_sum | 1.07 |" in (out / "train_step.md").read_text()
+
+
+def test_the_trained_pair_page_shows_table_1_intervals_and_the_modeled_sweep(tmp_path):
+    policies = {name: {"latency_ms": ms, "modeled_latency_ms": ms, "speedup": 2.0 / ms,
+                       "mean_sl": 3.0, "tau": 2.5, "exact": True}
+                for name, ms in (("target", 2.0), ("static-opt", 1.0), ("disco", 0.9),
+                                 ("cumulative", 0.85), ("oracle", 0.7))}  # fmt: skip
+    sweep = [{"c": c, "r_gamma": r, "static_opt": 3, **{
+        f"{p}_vs_static_opt_pct": 10.0 * c for p in report.SWEEP_POLICIES}}
+        for c in (0.05, 0.4) for r in (1.0, 2.0)]  # fmt: skip
+    result = {"policies": policies, "disco_vs_static_opt_pct_interval": [4.0, 16.0],
+              "c": 0.08, "r_gamma": 1.1, "pair": "padded", "sweep": sweep}  # fmt: skip
+    path = tmp_path / "trained.json"
+    path.write_text(json.dumps(result))
+    assert report.main(_argv(tmp_path, "--disco_trained_json", str(path)))["disco_trained.md"]
+    out = tmp_path / "results"
+    page = (out / "disco_trained.md").read_text()
+    assert "| disco | 0.90 | 0.90 | 2.22× | 3.00 | 2.50 | yes | +10.0% | [+4.0, +16.0] |" in page
+    assert "| cumulative | 0.85 |" in page and "c = 0.08, r_gamma = 1.1" in page
+    assert "**Modeled, not measured**" in page and "![disco_trained_sweep.png]" in page
+    assert (out / "disco_trained_sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_page_of_an_earlier_run_is_kept_and_said_so(tmp_path):

@@ -51,10 +51,16 @@ from distillspec.benchmarks.padded_target import (
 from distillspec.benchmarks.speculative import TARGET, reference_pair
 from distillspec.disco.classifier import best_static_sl, classifier_f1, train_classifier
 from distillspec.disco.features import extract_features
-from distillspec.disco.tuning import CUMULATIVE_THRESHOLDS, tune_policies
-from distillspec.evaluation.policies import measure_policies, resolve_policies
-from distillspec.evaluation.timing import call_cost_timers, megabytes
-from distillspec.lookahead import SOURCES
+from distillspec.disco.tuning import (
+    CUMULATIVE_THRESHOLDS,
+    best_labels,
+    tune_policies,
+    tuning_grid,
+)
+from distillspec.evaluation import costs as cost_profiles
+from distillspec.evaluation.policies import measure_policies, priced, resolve_policies
+from distillspec.evaluation.timing import call_cost_timers, megabytes, repeats_interval
+from distillspec.lookahead import SOURCES, verify_widths
 from distillspec.records import policy_list
 
 
@@ -73,6 +79,60 @@ def _batches(prompts, batch_size: int):
         }
 
 
+HEADLINE = ("disco", "cumulative", "oracle")
+# The modeled sweep's profiles (GPU-like to CPU-like): c, a draft call / a target call, and
+# r_gamma, a target call scoring SWEEP_GAMMA + 1 positions / one scoring 1.
+SWEEP_C = (0.02, 0.05, 0.1, 0.2, 0.4)
+SWEEP_R = (1.0, 1.3, 1.6, 2.0)
+SWEEP_GAMMA = 5
+SWEEP_POLICIES = ("heuristic", "confidence", "disco", "cumulative", "oracle")
+
+
+def prompt_intervals(measured, names=HEADLINE, confidence: float = 0.9) -> dict:
+    """'<name>_vs_static_opt_pct_interval': a percentile-bootstrap interval over the test
+    prompts (resampled whole: every policy's time on a prompt stays together) of each policy's
+    latency reduction against static SL-opt; None with fewer than 2 prompts."""
+    seconds = {n: np.asarray(measured[n]["prompt_seconds"]) for n in ("static-opt", *names)}
+    count = len(seconds["static-opt"])
+    keys = [f"{name}_vs_static_opt_pct_interval" for name in names]
+    if count < 2:
+        return dict.fromkeys(keys)
+
+    def figures(index):
+        opt = seconds["static-opt"][index].sum()
+        return [100.0 * (opt - seconds[n][index].sum()) / opt for n in names]
+
+    low, high = repeats_interval(figures, count, confidence)
+    return {k: [round(float(a), 2), round(float(b), 2)] for k, a, b in zip(keys, low, high)}
+
+
+def modeled_sweep(rules, fixed, valid_counts, test_counts, cs=SWEEP_C, rs=SWEEP_R,
+                  gamma: int = SWEEP_GAMMA) -> list[dict]:  # fmt: skip
+    """Modeled, not measured: per synthetic profile (`costs.synthetic_profile`: c, r_gamma at
+    gamma), each rule of `tuning_grid` tuned on the validation prompts' counted calls and priced
+    on the test prompts' (every configuration ran on both), and each policy's latency reduction
+    against static SL-opt so tuned (%); fixed: the untuned policies ({'heuristic': ..,
+    'oracle': ..}, priced on the test counts)."""
+    grid = {label: p for configs in rules.values() for label, p in configs.items()}
+    policies = {**grid, **fixed}
+    rows = []
+    for c in cs:
+        for r in rs:
+            profile = cost_profiles.synthetic_profile(c, r, gamma)
+            costs = cost_profiles.profile_costs(profile, policies.values())
+            price = lambda counts, n, costs=costs: priced(counts[n], policies[n], costs)
+            labels = best_labels(rules, {n: price(valid_counts, n) for n in grid})
+            chosen = {"static-opt": labels["static"], **{n: n for n in fixed}}
+            chosen.update({k: labels[k] for k in ("confidence", "disco", "cumulative")})
+            opt = price(test_counts, chosen["static-opt"])
+            row = {"c": c, "r_gamma": r, "static_opt": policies[chosen["static-opt"]].sl_max}
+            for name in SWEEP_POLICIES:
+                reduction = 100.0 * (opt - price(test_counts, chosen[name])) / opt
+                row[f"{name}_vs_static_opt_pct"] = round(reduction, 2)
+            rows.append(row)
+    return rows
+
+
 def _result(measured, tuning, costs, classifier, valid_examples, examples, args) -> dict:
     """The JSON result: headline ratios, tuning, F1, call costs and per-policy figures."""
     static_k, static_f1 = best_static_sl(valid_examples)
@@ -81,9 +141,10 @@ def _result(measured, tuning, costs, classifier, valid_examples, examples, args)
         opt = measured["static-opt"][key]
         return round(100.0 * (opt - measured[name][key]) / opt, 2)
 
-    headline = ("disco", "cumulative", "oracle")
+    headline = HEADLINE
     return {
         **{f"{name}_vs_static_opt_pct": reduction(name) for name in headline},
+        **prompt_intervals(measured),
         **{
             f"modeled_{name}_vs_static_opt_pct": reduction(name, "modeled_latency_ms")
             for name in headline
@@ -158,6 +219,20 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--oracle_sl_max", type=int, default=32)
     parser.add_argument("--timing_repeats", type=int, default=3, help="per test prompt (median)")
+    parser.add_argument(
+        "--write_profile", metavar="PATH",
+        help="only measure the pair's cost profile here (target calls per verify width, draft "
+        "calls; run it on the machine the pair will serve on) and write it to PATH as JSON",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile", metavar="PATH",
+        help="tune the policies for this cost profile (from --write_profile on another machine) "
+        "instead of this machine's costs; its modeled latencies are reported beside",
+    )  # fmt: skip
+    parser.add_argument("--sweep_c", type=float, nargs="*", default=list(SWEEP_C),
+                        help="the modeled sweep's draft costs c (none: no sweep)")  # fmt: skip
+    parser.add_argument("--sweep_r", type=float, nargs="*", default=list(SWEEP_R),
+                        help="the modeled sweep's r_gamma (at gamma 5)")  # fmt: skip
     return parser
 
 
@@ -193,10 +268,28 @@ def main(argv=None) -> dict:
     if args.pair == "random" and (args.pad_layers is not None or args.draft != "distilled"):
         parser.error("--pad_layers and --draft choose the trained pair's models (--pair trained)")
 
+    try:  # A bad profile stops here, before any model is loaded.
+        profile = cost_profiles.load_profile(args.profile) if args.profile else None
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+    rules = tuning_grid(args.static_sl, args.sl_max_grid, args.threshold_grid, (True, False),
+                        args.cumulative_threshold_grid, args.cumulative_sources)  # fmt: skip
+    fixed = resolve_policies(["heuristic", "oracle"], heuristic_sl_max=max(args.sl_max_grid),
+                             oracle_sl_max=args.oracle_sl_max)  # fmt: skip
+
     pair, prompts, eos_id = _pair_and_prompts(args)
     target, target_params, draft, draft_params, description = pair
     common = dict(max_new_tokens=args.max_new_tokens, eos_id=eos_id)
     train, valid, test = prompts["train"], prompts["validation"], prompts["test"]
+    about = dict(pair_kind=args.pair, pair=description, backend=jax.default_backend())
+    if args.write_profile:
+        grid = [p for configs in rules.values() for p in configs.values()] + [*fixed.values()]
+        widths = sorted({w for p in grid for w in verify_widths(p)} | {1})
+        written = cost_profiles.measure_profile(
+            target, target_params, draft, draft_params, *test[0], widths, args.max_new_tokens,
+            draft_widths=(1, 2),
+        )  # fmt: skip
+        return emit({**written, **about}, args.write_profile)
     examples = extract_features(
         target, target_params, draft, draft_params, list(_batches(train, 32)), **common
     )
@@ -204,13 +297,15 @@ def main(argv=None) -> dict:
         target, target_params, draft, draft_params, list(_batches(valid, 32)), **common
     )
     classifier = train_classifier(examples)
+    sweep = bool(args.sweep_c and args.sweep_r)
     print("[disco benchmark] tuning on validation prompts ...", file=sys.stderr, flush=True)
     tuning = tune_policies(
         target, target_params, draft, draft_params, valid, classifier,
         static_sl=args.static_sl, sl_max_grid=args.sl_max_grid,
         threshold_grid=args.threshold_grid,
         cumulative_threshold_grid=args.cumulative_threshold_grid,
-        cumulative_sources=args.cumulative_sources, **common,
+        cumulative_sources=args.cumulative_sources, profile=profile, keep_counts=sweep,
+        **common,
     )  # fmt: skip
     policies = resolve_policies(
         policy_list(args.static_sl),
@@ -237,12 +332,30 @@ def main(argv=None) -> dict:
             file=sys.stderr,
             flush=True,
         )
+    if profile is not None:  # The tuned policies' test runs priced at the profile's costs.
+        pricing = cost_profiles.profile_costs(profile, [None, *policies.values()])
+        modeled = {n: priced(m, policies.get(n), pricing) for n, m in measured.items()}
+        result["profile"] = args.profile
+        result["profile_modeled_latency_ms"] = {n: round(v, 5) for n, v in modeled.items()}
+        for name in HEADLINE:
+            opt = modeled["static-opt"]
+            result[f"profile_{name}_vs_static_opt_pct"] = round(
+                100.0 * (opt - modeled[name]) / opt, 2
+            )
+    if sweep:  # Every configuration's counted calls on the test prompts (timing unused).
+        grid = {label: p for configs in rules.values() for label, p in configs.items()}
+        counted, _ = measure_policies(
+            target, target_params, draft, draft_params, test, {**grid, **fixed},
+            classifier=classifier, desc="sweep counts", **common,
+        )  # fmt: skip
+        result["sweep"] = modeled_sweep(
+            rules, fixed, tuning["counts"], counted, args.sweep_c, args.sweep_r
+        )
+        result["all_exact"] = result["all_exact"] and all(m["exact"] for m in counted.values())
     result.update(
         target_mb=round(megabytes(target_params), 1),
         draft_mb=round(megabytes(draft_params), 1),
-        pair_kind=args.pair,
-        pair=description,
-        backend=jax.default_backend(),
+        **about,
     )
     return emit(result, args.json)
 

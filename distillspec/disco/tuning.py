@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from distillspec import checks, lookahead
-from distillspec.evaluation.policies import measure_policies
+from distillspec.evaluation.costs import load_profile, profile_costs
+from distillspec.evaluation.policies import COUNT_KEYS, measure_policies, priced
 from distillspec.evaluation.timing import call_cost_timers
 
 # The cumulative rule's default thresholds: the predicted P(some draft of the round is
@@ -59,8 +60,15 @@ class TuningConfig:
     heuristic_start: int = 5  # The heuristic's first lookahead (capped by max(sl_max_grid)).
     oracle_sl_max: int = 64  # The oracle's cap (its SL histogram is DISCO's Figure 4).
     timing_repeats: int = 1  # Calls timed per prompt; the median counts.
+    # A cost profile of the machine the pair will serve on (`python -m
+    # distillspec.benchmarks.disco --write_profile PATH` there): tune for its costs, not this
+    # machine's. Loaded (and checked) when made, into `profile`.
+    cost_profile: str | None = None
+    profile: dict[str, Any] | None = dataclasses.field(default=None, init=False, compare=False)
 
     def __post_init__(self):
+        if self.cost_profile is not None:
+            object.__setattr__(self, "profile", load_profile(self.cost_profile))
         for name in ("static_sl", "sl_max_grid"):
             values = getattr(self, name)
             if not values or any(not checks.is_int(v) or v < 1 for v in values):
@@ -116,18 +124,22 @@ def tune_policies(
     cumulative_threshold_grid: Sequence[float] = CUMULATIVE_THRESHOLDS,
     cumulative_sources: Sequence[str] = lookahead.SOURCES, max_new_tokens: int,
     eos_id: int | None, vocab_size: int | None = None, timing_repeats: int = 1,
+    profile: dict[str, Any] | None = None, keep_counts: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """DISCO App. E: the static SL, and threshold, SL_max (and keep_last) of the confidence,
     DISCO and cumulative rules (and the cumulative rule's source), with the lowest latency per
     token on `prompts` (batch-1 (tokens, lengths) pairs). Latency is
     `timing.modeled_latency_ms`: the decoding runs' counted calls priced with call costs
     measured here, which ranks 50-odd configurations without the timing noise of a shared
-    machine (measured wall-clock latencies are kept beside it).
+    machine (measured wall-clock latencies are kept beside it); or, with `profile` (a cost
+    profile of the machine the pair will serve on, `costs.load_profile`), priced at its costs.
 
     Returns:
       {'static_opt': k, 'confidence': {'threshold', 'sl_max', 'keep_last'}, 'disco': {...},
        'cumulative': {'threshold', 'sl_max', 'keep_last', 'source'},
-       'latency_ms': {policy label: ms per token}} (labels as in `tuning_grid`).
+       'latency_ms': {policy label: ms per token}} (labels as in `tuning_grid`); with
+      keep_counts also 'counts': {label: its counted calls (`policies.COUNT_KEYS`)}, to price
+      the same runs at other costs.
     """
     rules = tuning_grid(static_sl, sl_max_grid, threshold_grid, keep_last_grid,
                         cumulative_threshold_grid, cumulative_sources)  # fmt: skip
@@ -143,15 +155,37 @@ def tune_policies(
         timing_repeats=timing_repeats, desc="tuning",
     )  # fmt: skip
     modeled = {name: m["modeled_latency_ms"] for name, m in measured.items()}
-    best = lambda rule: grid[min(rules[rule], key=modeled.get)]
+    if profile is not None:
+        pricing = profile_costs(profile, [None, *grid.values()])
+        modeled = {name: priced(m, grid.get(name), pricing) for name, m in measured.items()}
     out: dict[str, Any] = {
-        "static_opt": best("static").sl_max,
+        **choose(rules, modeled),
+        "cost_profile": profile,  # None: this machine's costs.
         "modeled_latency_ms": modeled,
         "latency_ms": {name: m["latency_ms"] for name, m in measured.items()},
         "call_costs_ms": costs,
     }
+    if keep_counts:
+        out["counts"] = {name: {k: m[k] for k in COUNT_KEYS} for name, m in measured.items()}
+    return out
+
+
+def best_labels(
+    rules: dict[str, dict[str, lookahead.Lookahead]], modeled: dict[str, float]
+) -> dict[str, str]:
+    """{rule: the label of its configuration with the lowest modeled latency}."""
+    return {rule: min(configs, key=modeled.__getitem__) for rule, configs in rules.items()}
+
+
+def choose(
+    rules: dict[str, dict[str, lookahead.Lookahead]], modeled: dict[str, float]
+) -> dict[str, Any]:
+    """Per rule of `tuning_grid`, the configuration with the lowest modeled latency:
+    {'static_opt': k, 'confidence' / 'disco' / 'cumulative': its settings}."""
+    labels = best_labels(rules, modeled)
+    out: dict[str, Any] = {"static_opt": rules["static"][labels["static"]].sl_max}
     for kind in ("confidence", "disco", "cumulative"):
-        chosen = best(kind)
+        chosen = rules[kind][labels[kind]]
         out[kind] = {
             "threshold": chosen.threshold,
             "sl_max": chosen.sl_max,

@@ -13,12 +13,18 @@ every gamma cannot win whatever it accepts; `verdict` says so in one line with t
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from distillspec import checks
+from distillspec import lookahead as sl
+from distillspec.evaluation import timing
 from distillspec.evaluation.timing import step_timer
 
 CALLS = 9  # The fewest calls in a timer's long loop: fewer came out <= 0 under a second worker.
@@ -29,13 +35,14 @@ SMALLER_DRAFT = (
 )
 
 
-def measure(
-    target, target_params, draft, draft_params, prompts, lengths, gammas: Sequence[int],
-    max_new_tokens: int, repeats: int = REPEATS,
+def measure_profile(
+    target, target_params, draft, draft_params, prompts, lengths, widths: Sequence[int],
+    max_new_tokens: int, repeats: int = REPEATS, draft_widths: Sequence[int] = (1,),
 ) -> dict[str, Any]:  # fmt: skip
-    """{'c': float, 'r_gamma': {gamma: float}} at batch 1 on the first prompt of prompts [B, P].
-
-    A ratio whose timers came out <= 0 (a loaded machine) is None, never a made-up number."""
+    """A cost profile at batch 1 on the first prompt of prompts [B, P]: {'target_ms': {w: ms per
+    target call scoring w positions}, 'draft_ms': {w: ms per draft call}}, the medians of
+    `repeats` interleaved timings. A call whose timer came out <= 0 (a loaded machine) is None,
+    never a made-up number. `profile_costs` prices decoding runs with it."""
     first = np.asarray(prompts)[:1], np.asarray(lengths)[:1]
     # Each timer's long loop fills a run's cache (max_new_tokens positions), at least CALLS calls:
     # 9 calls of a 0.14 M-parameter draft differ from 1 call by ~0.3 ms, within a quiet 2-core
@@ -43,22 +50,104 @@ def measure(
     timer = lambda model, params, width: step_timer(
         model, params, *first, width, max(CALLS, max_new_tokens // width), max_new_tokens
     )
-    timers = {
-        ("draft", 1): timer(draft, draft_params, 1),
-        ("target", 1): timer(target, target_params, 1),
-    }
-    for gamma in gammas:
-        timers["target", gamma + 1] = timer(target, target_params, gamma + 1)
+    timers = {("draft_ms", w): timer(draft, draft_params, w) for w in draft_widths}
+    timers.update({("target_ms", w): timer(target, target_params, w) for w in sorted(widths)})
     seconds: dict[tuple, list[float]] = {key: [] for key in timers}
     for _ in range(repeats):
         for key, fn in timers.items():
             seconds[key].append(fn())
-    median = {key: statistics.median(s) for key, s in seconds.items()}
-    one = median["target", 1]
-    ratio = lambda x: x / one if x > 0 and one > 0 else None
+    profile: dict[str, Any] = {"target_ms": {}, "draft_ms": {}}
+    for (kind, width), s in seconds.items():
+        ms = 1e3 * statistics.median(s)
+        profile[kind][width] = ms if ms > 0 else None
+    return profile
+
+
+def measure(
+    target, target_params, draft, draft_params, prompts, lengths, gammas: Sequence[int],
+    max_new_tokens: int, repeats: int = REPEATS,
+) -> dict[str, Any]:  # fmt: skip
+    """{'c': float, 'r_gamma': {gamma: float}} at batch 1 on the first prompt of prompts [B, P]
+    (`measure_profile`'s ratios). A ratio whose timers came out <= 0 is None."""
+    widths = [1] + [gamma + 1 for gamma in gammas]
+    profile = measure_profile(target, target_params, draft, draft_params, prompts, lengths,
+                              widths, max_new_tokens, repeats)  # fmt: skip
+    one = profile["target_ms"][1]
+    ratio = lambda x: x / one if x and one else None
     return {
-        "c": ratio(median["draft", 1]),
-        "r_gamma": {gamma: ratio(median["target", gamma + 1]) for gamma in gammas},
+        "c": ratio(profile["draft_ms"][1]),
+        "r_gamma": {gamma: ratio(profile["target_ms"][gamma + 1]) for gamma in gammas},
+    }
+
+
+def synthetic_profile(c: float, r_gamma: float, gamma: int = 5, max_width: int = 65) -> dict:
+    """A modeled deployment's profile, in units of a target call scoring one position: a
+    target call's cost linear in its width, r_gamma at width gamma + 1; a draft call c (the
+    first of a round scores 2 positions: c times the target's width-2 ratio)."""
+    if not (c > 0 and r_gamma >= 1 and checks.is_int(gamma) and gamma >= 1):
+        raise ValueError(f"want c > 0, r_gamma >= 1, gamma >= 1; got {c}, {r_gamma}, {gamma}")
+    target = {w: 1.0 + (r_gamma - 1.0) * (w - 1) / gamma for w in range(1, max_width + 1)}
+    return {"target_ms": target, "draft_ms": {1: c, 2: c * target[2]}}
+
+
+def load_profile(path: str) -> dict[str, Any]:
+    """A cost profile from a JSON file (`python -m distillspec.benchmarks.disco
+    --write_profile`): widths as ints; ValueError naming the file and the bad entry."""
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"cost profile {path!r} not found: write one with python -m "
+            "distillspec.benchmarks.disco --write_profile PATH on the machine the pair serves on"
+        )
+    with open(path) as f:
+        raw = json.load(f)
+    profile = {}
+    for kind in ("target_ms", "draft_ms"):
+        entries = raw.get(kind) if isinstance(raw, dict) else None
+        if not isinstance(entries, dict) or "1" not in entries:
+            raise ValueError(
+                f"cost profile {path}: {kind!r} must map widths to milliseconds, width 1 "
+                f"included (got {entries!r})"
+            )
+        profile[kind] = {}
+        for width, ms in entries.items():
+            if not (str(width).isdigit() and int(width) >= 1):
+                raise ValueError(f"cost profile {path}: {kind} width {width!r} is not >= 1")
+            if not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0):
+                raise ValueError(
+                    f"cost profile {path}: {kind}[{width}] = {ms!r}; want milliseconds > 0 "
+                    "(a timer that came out <= 0: measure it again on a quiet machine)"
+                )
+            profile[kind][int(width)] = float(ms)
+    return profile
+
+
+def profile_costs(profile: dict[str, Any], policies: Iterable[sl.Lookahead | None]) -> dict:
+    """The cost model (`timing.modeled_latency_ms`) of a profile, for these policies: model
+    calls at the profile's costs (a target width it lacks interpolated linearly between its
+    neighbours; a draft call scoring 2 positions, the 1-position cost if it lacks one), the
+    decoder's own work free (a deployment's loop overhead is not in a profile)."""
+    policies = list(policies)
+    programs = {timing.program_key(p) for p in policies} | {"plain"}
+    needed = {1} | {w for p in policies if p is not None for w in sl.verify_widths(p)}
+    known = sorted(w for w, ms in profile["target_ms"].items() if ms)
+    if 1 not in known or max(needed) > known[-1]:
+        raise ValueError(
+            f"the cost profile has target calls of widths {known}; these policies verify at "
+            f"widths up to {max(needed)} (width 1 needed too): measure it with wider --widths"
+        )
+    known_ms = [profile["target_ms"][w] for w in known]
+    draft = profile["draft_ms"]
+    if not draft.get(1):
+        raise ValueError(f"the cost profile has no draft call of width 1 ({draft!r})")
+    zero = dict.fromkeys(programs, 0.0)
+    return {
+        "target": {w: float(np.interp(w, known, known_ms)) for w in sorted(needed)},
+        "draft": {1: draft[1], 2: draft.get(2) or draft[1]},
+        "round": 0.0,
+        "per_draft": zero,
+        "spec_round": zero,
+        "switch": zero,
+        "fixed": zero,
     }
 
 

@@ -57,6 +57,8 @@ POLICY_RECORD_KEYS = (
     "target_calls",
     "draft_calls",
 )
+# A policy's counted calls: what `priced` needs to price its runs at other call costs.
+COUNT_KEYS = ("sl_histogram", "draft_calls", "tokens", "runs", "width_switches")
 
 
 def _prompt_shape(item: tuple) -> tuple[int, ...]:
@@ -69,16 +71,19 @@ def _counter_sum(results: Sequence[DecodeResult], field: str) -> int:
 
 
 def _policy_fields(
-    runs: Sequence[DecodeResult], seconds: float, lookahead: Lookahead | None,
+    runs: Sequence[DecodeResult], prompt_seconds: Sequence[float], lookahead: Lookahead | None,
     references: Sequence[DecodeResult], target_latency: float, costs,
 ) -> dict[str, Any]:  # fmt: skip
-    """The measured fields of one policy's record (see POLICY_RECORD_KEYS)."""
+    """The measured fields of one policy's record (see POLICY_RECORD_KEYS), and what prices it
+    again with other call costs (`COUNT_KEYS`) or bootstraps it over prompts
+    ('prompt_seconds')."""
     total = functools.partial(_counter_sum, runs)
+    seconds = sum(prompt_seconds)
     tokens = total("lengths")
     hist = np.sum([r.sl_histogram.sum(0) for r in runs], axis=0)
     latency = 1000.0 * seconds / max(tokens, 1)
     tuned_threshold = lookahead is not None and lookahead.kind in THRESHOLD_KINDS
-    return {
+    fields = {
         "sl_max": lookahead.sl_max if lookahead else 0,
         "threshold": float(lookahead.threshold) if tuned_threshold else None,
         "keep_last": lookahead.keep_last if lookahead else None,
@@ -88,17 +93,6 @@ def _policy_fields(
         "mean_sl": total("drafted") / max(total("target_calls"), 1),
         "sl_histogram": [int(v) for v in hist],
         "latency_ms": latency,
-        "modeled_latency_ms": None
-        if costs is None
-        else modeled_latency_ms(
-            lookahead,
-            hist,
-            total("draft_calls"),
-            tokens,
-            costs,
-            len(runs),
-            total("width_switches"),
-        ),  # fmt: skip
         "target_latency_ms": target_latency,
         "speedup": target_latency / max(latency, 1e-12),
         "exact": all(
@@ -109,7 +103,22 @@ def _policy_fields(
         "tokens": tokens,
         "target_calls": total("target_calls"),
         "draft_calls": total("draft_calls"),
+        "width_switches": total("width_switches"),
+        "runs": len(runs),
+        "prompt_seconds": list(prompt_seconds),
     }
+    fields["modeled_latency_ms"] = None if costs is None else priced(fields, lookahead, costs)
+    return fields
+
+
+def priced(fields: Mapping[str, Any], lookahead: Lookahead | None, costs) -> float:
+    """Modeled ms per token of a policy's measured fields (its counted calls: sl_histogram,
+    draft_calls, tokens, runs, width_switches) at these call costs (`timing.call_costs`, or a
+    deployment's profile, `costs.profile_costs`)."""
+    return modeled_latency_ms(
+        lookahead, fields["sl_histogram"], fields["draft_calls"], fields["tokens"], costs,
+        fields["runs"], fields["width_switches"],
+    )  # fmt: skip
 
 
 def measure_policies(
@@ -150,7 +159,8 @@ def measure_policies(
     Returns:
       ({'target' and each policy name: measured fields of a policy record (see
       POLICY_RECORD_KEYS): alpha, tau, mean_sl, sl_histogram, latency_ms, target_latency_ms,
-      speedup, exact, num_prompts, tokens, target_calls, draft_calls, sl_max, threshold},
+      speedup, exact, num_prompts, tokens, target_calls, draft_calls, sl_max, threshold; and
+      width_switches, runs, prompt_seconds (each prompt's median seconds)},
       the call costs (`timing.call_costs`, per-prompt samples) or None without cost_timers).
     """
     if not prompts:
@@ -186,8 +196,9 @@ def measure_policies(
             ("cost", *name): (lambda *_, t=timer: t()) for name, timer in cost_timers[0].items()
         }
     results, seconds = interleaved_items(
-        {**fns, **timers}, list(zip(prompts, references)), timing_repeats, _prompt_shape, desc=desc
-    )
+        {**fns, **timers}, list(zip(prompts, references)), timing_repeats, _prompt_shape,
+        desc=desc, per_item=True,
+    )  # fmt: skip
     costs = None
     if cost_timers is not None:
         # Means: each policy's latency is a total over prompts timed once each (per prompt,
@@ -195,7 +206,8 @@ def measure_policies(
         costs = call_costs(
             {name[1:]: results[name] for name in timers}, *cost_timers[1:], statistics.mean
         )
-    target_latency = 1000.0 * seconds[TARGET_POLICY] / max(_counter_sum(references, "lengths"), 1)
+    generated = max(_counter_sum(references, "lengths"), 1)
+    target_latency = 1000.0 * sum(seconds[TARGET_POLICY]) / generated
     measured = {
         name: _policy_fields(
             results[name], seconds[name], policies.get(name), references, target_latency, costs

@@ -103,7 +103,8 @@ def interleaved_items(
     repeats: int,
     shape_of: Callable[[tuple], Hashable],
     desc: str | None = None,
-) -> tuple[dict[str, list[Any]], dict[str, float]]:
+    per_item: bool = False,
+) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     """Times every fn on every input, interleaved input by input, compilation excluded.
 
     For each item, the first time its compiled shape (`shape_of(item)`) occurs every fn runs
@@ -115,14 +116,16 @@ def interleaved_items(
       items: the inputs, e.g. (index, prompt batch) or (prompt, reference) tuples.
       shape_of: the key of an item's compiled program (e.g. its prompt shape).
       desc: with it, a progress bar of that name on stderr.
+      per_item: give each fn's median seconds per item (a list) instead of their sum (for
+        intervals over the items).
 
     Returns:
       ({name: [result of the last repeat per item]}, {name: sum over items of the median
-      seconds}).
+      seconds, or with per_item their list}).
     """
     compiled: set[Hashable] = set()
     results: dict[str, list[Any]] = {name: [] for name in fns}
-    seconds = dict.fromkeys(fns, 0.0)
+    seconds: dict[str, list[float]] = {name: [] for name in fns}
     if desc is not None:
         items = tqdm(list(items), desc=desc, unit="prompt", file=sys.stderr, leave=False)
     for item in items:
@@ -134,8 +137,8 @@ def interleaved_items(
         runs, times = interleaved(calls, repeats)
         for name in fns:
             results[name].append(runs[name][-1])
-            seconds[name] += statistics.median(times[name])
-    return results, seconds
+            seconds[name].append(statistics.median(times[name]))
+    return results, seconds if per_item else {name: sum(s) for name, s in seconds.items()}
 
 
 def megabytes(params: Any) -> float:

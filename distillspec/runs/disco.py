@@ -8,6 +8,7 @@ Registered for gin as `distillspec.disco.disco` by `distillspec.gin_setup`.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -58,6 +59,7 @@ def disco(
     heuristic_start: int = 5,
     oracle_sl_max: int = 64,
     timing_repeats: int = 1,
+    cost_profile: str | None = None,
     retrain: bool = False,
     seed: int = 0,
     vocabulary: str | None = None,
@@ -71,9 +73,8 @@ def disco(
     best static-SL rule on validation (Table 4); latency tuning on validation of static SL-opt
     and the confidence, DISCO and cumulative rules (`TuningConfig`), all saved in
     `<draft>/disco/` with the draft's fingerprint (reused unless retrain=True, the draft
-    changed, or the saved tuning lacks a rule). Then every policy is timed at batch 1 on
-    num_prompts of each eval set (greedy): one record per (eval set, draft, policy) appended to
-    OUTPUT_DIR/records.jsonl, disco_table.md, oracle_sl_hist.png, disco_f1.md written, printed.
+    changed, or the tuning lacks a rule or is for other costs than cost_profile's). Then every
+    policy is timed at batch 1 on num_prompts of each eval set: records to records.jsonl.
     """
     # Every classifier and tuning setting is checked before any model is loaded.
     classifier_config = ClassifierConfig(
@@ -81,11 +82,11 @@ def disco(
         top_k=top_k, hidden=hidden, train_steps=train_steps, learning_rate=learning_rate,
         seed=seed,
     )  # fmt: skip
-    tuning_config = TuningConfig(
+    tuning_config = TuningConfig(  # Sequences made tuples there, the cost profile loaded.
         static_sl=static_sl, sl_max_grid=sl_max_grid, threshold_grid=threshold_grid,
         keep_last_grid=keep_last_grid, cumulative_threshold_grid=cumulative_threshold_grid,
         cumulative_sources=cumulative_sources, heuristic_start=heuristic_start,
-        oracle_sl_max=oracle_sl_max, timing_repeats=timing_repeats,  # Made tuples there.
+        oracle_sl_max=oracle_sl_max, timing_repeats=timing_repeats, cost_profile=cost_profile,
     )  # fmt: skip
     tokenizer, target, target_params, loaded, names = open_run(
         "disco", output_dir, target_checkpoint, drafts, vocabulary,
@@ -135,8 +136,10 @@ def disco(
     return records
 
 
-def _reusable(name: str, directory: str, draft, draft_params, vocab_size: int | None):
-    """(variables, metadata) of a saved classifier made for this very draft, else None."""
+def _reusable(name: str, directory: str, draft, draft_params, vocab_size: int | None,
+              profile: dict[str, Any] | None):  # fmt: skip
+    """(variables, metadata) of a saved classifier made for this very draft and tuned for these
+    costs (profile: a deployment's, None: this machine's), else None."""
     if not os.path.isfile(os.path.join(directory, storage.METADATA_FILE)):
         return None
     try:
@@ -152,6 +155,11 @@ def _reusable(name: str, directory: str, draft, draft_params, vocab_size: int | 
             file=sys.stderr,
         )
         return None
+    saved = metadata["tuning"].get("cost_profile")
+    if json.loads(json.dumps(profile)) != saved:  # The JSON file's keys are strings.
+        print(f"[disco] {name}: the saved tuning in {directory} was made for other call costs; "
+              "tuning again", file=sys.stderr)  # fmt: skip
+        return None
     print(f"[disco] {name}: reusing the classifier in {directory}", file=sys.stderr)
     return variables, metadata
 
@@ -163,7 +171,9 @@ def _trained_classifier(
 ):  # fmt: skip
     """The draft's classifier and metadata: loaded if saved for this very draft, else made."""
     directory = storage.classifier_dir(path)
-    saved = None if retrain else _reusable(name, directory, draft, draft_params, vocab_size)
+    saved = None
+    if not retrain:
+        saved = _reusable(name, directory, draft, draft_params, vocab_size, tuning.profile)
     if saved is not None:
         return saved
     common = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, vocab_size=vocab_size)
@@ -194,7 +204,7 @@ def _trained_classifier(
         threshold_grid=tuning.threshold_grid, keep_last_grid=tuning.keep_last_grid,
         cumulative_threshold_grid=tuning.cumulative_threshold_grid,
         cumulative_sources=tuning.cumulative_sources, timing_repeats=tuning.timing_repeats,
-        **common,
+        profile=tuning.profile, **common,
     )  # fmt: skip
     metadata = {
         "fingerprint": storage.fingerprint(draft, draft_params, vocab_size),
