@@ -41,6 +41,8 @@ def plot_lookahead_sweep(
             ax.plot([r["c"] for r in points], ys, style, marker="o", color=f"C{i}", label=name)
         ax.axhline(0.0, color="black", linewidth=0.8)
         ax.set_xscale("log")
+        ax.set_xticks([r["c"] for r in points], [f"{r['c']:g}" for r in points], fontsize=8)
+        ax.minorticks_off()
         ax.set_title(f"r_γ = {r_gamma:g} (modeled)", fontsize=10)
         ax.set_xlabel("c (draft call / target call)")
         ax.grid(True, alpha=0.3)
