@@ -88,6 +88,11 @@ SWEEP_GAMMA = 5
 SWEEP_POLICIES = ("heuristic", "confidence", "disco", "cumulative", "oracle")
 
 
+def reduction_pct(opt: float, value: float) -> float:
+    """Latency reduction (%) of `value` against static SL-opt's `opt` (> 0: faster)."""
+    return 100.0 * (opt - value) / opt
+
+
 def prompt_intervals(measured, names=HEADLINE, confidence: float = 0.9) -> dict:
     """'<name>_vs_static_opt_pct_interval': a percentile-bootstrap interval over the test
     prompts (resampled whole: every policy's time on a prompt stays together) of each policy's
@@ -100,7 +105,7 @@ def prompt_intervals(measured, names=HEADLINE, confidence: float = 0.9) -> dict:
 
     def figures(index):
         opt = seconds["static-opt"][index].sum()
-        return [100.0 * (opt - seconds[n][index].sum()) / opt for n in names]
+        return [reduction_pct(opt, seconds[n][index].sum()) for n in names]
 
     low, high = repeats_interval(figures, count, confidence)
     return {k: [round(float(a), 2), round(float(b), 2)] for k, a, b in zip(keys, low, high)}
@@ -127,7 +132,7 @@ def modeled_sweep(rules, fixed, valid_counts, test_counts, cs=SWEEP_C, rs=SWEEP_
             opt = price(test_counts, chosen["static-opt"])
             row = {"c": c, "r_gamma": r, "static_opt": policies[chosen["static-opt"]].sl_max}
             for name in SWEEP_POLICIES:
-                reduction = 100.0 * (opt - price(test_counts, chosen[name])) / opt
+                reduction = reduction_pct(opt, price(test_counts, chosen[name]))
                 row[f"{name}_vs_static_opt_pct"] = round(reduction, 2)
             rows.append(row)
     return rows
@@ -138,16 +143,14 @@ def _result(measured, tuning, costs, classifier, valid_examples, examples, args)
     static_k, static_f1 = best_static_sl(valid_examples)
 
     def reduction(name, key="latency_ms"):
-        opt = measured["static-opt"][key]
-        return round(100.0 * (opt - measured[name][key]) / opt, 2)
+        return round(reduction_pct(measured["static-opt"][key], measured[name][key]), 2)
 
-    headline = HEADLINE
     return {
-        **{f"{name}_vs_static_opt_pct": reduction(name) for name in headline},
+        **{f"{name}_vs_static_opt_pct": reduction(name) for name in HEADLINE},
         **prompt_intervals(measured),
         **{
             f"modeled_{name}_vs_static_opt_pct": reduction(name, "modeled_latency_ms")
-            for name in headline
+            for name in HEADLINE
         },
         "all_exact": all(m["exact"] for m in measured.values()),
         "static_opt": tuning["static_opt"],
@@ -274,6 +277,7 @@ def main(argv=None) -> dict:
         parser.error(str(error))
     rules = tuning_grid(args.static_sl, args.sl_max_grid, args.threshold_grid, (True, False),
                         args.cumulative_threshold_grid, args.cumulative_sources)  # fmt: skip
+    grid = {label: p for configs in rules.values() for label, p in configs.items()}
     fixed = resolve_policies(["heuristic", "oracle"], heuristic_sl_max=max(args.sl_max_grid),
                              oracle_sl_max=args.oracle_sl_max)  # fmt: skip
 
@@ -283,8 +287,8 @@ def main(argv=None) -> dict:
     train, valid, test = prompts["train"], prompts["validation"], prompts["test"]
     about = dict(pair_kind=args.pair, pair=description, backend=jax.default_backend())
     if args.write_profile:
-        grid = [p for configs in rules.values() for p in configs.values()] + [*fixed.values()]
-        widths = sorted({w for p in grid for w in verify_widths(p)} | {1})
+        every = [*grid.values(), *fixed.values()]
+        widths = sorted({w for p in every for w in verify_widths(p)} | {1})
         written = cost_profiles.measure_profile(
             target, target_params, draft, draft_params, *test[0], widths, args.max_new_tokens,
             draft_widths=(1, 2),
@@ -338,12 +342,9 @@ def main(argv=None) -> dict:
         result["profile"] = args.profile
         result["profile_modeled_latency_ms"] = {n: round(v, 5) for n, v in modeled.items()}
         for name in HEADLINE:
-            opt = modeled["static-opt"]
-            result[f"profile_{name}_vs_static_opt_pct"] = round(
-                100.0 * (opt - modeled[name]) / opt, 2
-            )
+            reduction = reduction_pct(modeled["static-opt"], modeled[name])
+            result[f"profile_{name}_vs_static_opt_pct"] = round(reduction, 2)
     if sweep:  # Every configuration's counted calls on the test prompts (timing unused).
-        grid = {label: p for configs in rules.values() for label, p in configs.items()}
         counted, _ = measure_policies(
             target, target_params, draft, draft_params, test, {**grid, **fixed},
             classifier=classifier, desc="sweep counts", **common,
