@@ -37,6 +37,8 @@ setup(
         # Serving an exported draft with transformers' assisted generation (docs/your-own-model.md,
         # step 3). torch is pinned for the same reason as in "test".
         "hf": ["transformers", "torch==2.13.0"],
+        # The training-step comparison with TRL (python -m distillspec.benchmarks.versus_trl).
+        "trl": ["trl==1.16.0", "transformers", "torch==2.13.0"],
         # torch is pinned so that pip takes the CPU build that lies on the machine's disk;
         # an unpinned torch pulls a multi-GB CUDA build.
         "test": [
@@ -46,6 +48,7 @@ setup(
             "scipy",
             "transformers",
             "torch==2.13.0",
+            "trl==1.16.0",  # tests/test_benchmarks.py runs the TRL comparison on tiny models.
             "ruff",
         ],
     },

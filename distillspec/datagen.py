@@ -82,7 +82,9 @@ def pack_decoder_only(prompts, prompt_lengths, completions, completion_lengths) 
 
     Returns:
       decoder_input_tokens [B, P + N], targets [B, P + N] (the next token at each position),
-      weights [B, P + N] float32: 1 where the next token is a completion token.
+      weights [B, P + N] float32: 1 where the next token is a completion token,
+      loss_positions [B, N] int32: prompt_length - 1 + j, the positions that can carry weight
+      (the trainer computes logits there only).
     """
     prompts, completions = jnp.asarray(prompts, jnp.int32), jnp.asarray(completions, jnp.int32)
     prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
@@ -103,6 +105,7 @@ def pack_decoder_only(prompts, prompt_lengths, completions, completion_lengths) 
         "decoder_input_tokens": tokens,
         "targets": targets,
         "weights": weights.astype(jnp.float32),
+        "loss_positions": first + jnp.arange(n, dtype=jnp.int32),
     }
 
 

@@ -6,6 +6,7 @@
         [--disco_json runs/benchmarks/disco.json]
         [--disco_trained_json runs/benchmarks/disco_trained.json]
         [--train_step_json runs/benchmarks/train_step.json]
+        [--versus_trl_json runs/benchmarks/versus_trl.json]
 
 Each flag points at one input; its default is where the documented command writes it. A page is
 written only for the inputs that exist, and docs/results/README.md lists every page with the
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--disco_json", default="runs/benchmarks/disco.json")
     add("--disco_trained_json", default="runs/benchmarks/disco_trained.json")
     add("--train_step_json", default="runs/benchmarks/train_step.json")
+    add("--versus_trl_json", default="runs/benchmarks/versus_trl.json")
     return parser
 
 
@@ -302,11 +304,20 @@ def disco_trained_page(args: argparse.Namespace, out_dir: str) -> str | None:
     return _disco_result_page(args.disco_trained_json, out_dir, "disco_trained_sweep.png")
 
 
-def train_step_page(args: argparse.Namespace, out_dir: str) -> str | None:
-    result = _json(args.train_step_json)
+def _record_page(path: str) -> str | None:
+    """A benchmark's one JSON record as a field | value table."""
+    result = _json(path)
     if not result:
         return None
-    return f"Result: `{args.train_step_json}`.\n\n" + tables.to_markdown(_flat(result))
+    return f"Result: `{path}`.\n\n" + tables.to_markdown(_flat(result))
+
+
+def train_step_page(args: argparse.Namespace, out_dir: str) -> str | None:
+    return _record_page(args.train_step_json)
+
+
+def versus_trl_page(args: argparse.Namespace, out_dir: str) -> str | None:
+    return _record_page(args.versus_trl_json)
 
 
 QUICKSTART_CMD = "python -m distillspec.quickstart"
@@ -350,6 +361,13 @@ PAGES = (
         "Benchmark: where a distillation step's time goes",
         "python -m distillspec.benchmarks.train_step --json runs/benchmarks/train_step.json",
         train_step_page,
+    ),
+    Page(
+        "versus_trl.md",
+        "Benchmark: the on-policy distillation step against TRL's GKDTrainer (same pair, "
+        "prompts and recipe, one process)",
+        "python -m distillspec.benchmarks.versus_trl --json runs/benchmarks/versus_trl.json",
+        versus_trl_page,
     ),
 )
 

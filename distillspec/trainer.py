@@ -120,6 +120,12 @@ def _model_inputs(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k.endswith("_input_tokens")}
 
 
+def _take_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
+    """x [B, L, ...] at positions [B, N] -> [B, N, ...]."""
+    index = positions.reshape(positions.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, index, axis=1)
+
+
 def train_step(
     state: TrainState,
     teacher_params,
@@ -136,7 +142,9 @@ def train_step(
       state: the student's TrainState (donated by the caller's jit).
       teacher_params: frozen teacher parameters, or None when pretraining ('ce', no teacher).
       batch: decoder_input_tokens [B, L] (+ encoder_input_tokens), targets [B, L],
-        weights [B, L] (1 on positions that predict a completion token); with the teacher's
+        weights [B, L] (1 on positions that predict a completion token), optionally
+        loss_positions [B, N] (every position with weight, `datagen.pack_decoder_only`: both
+        models' heads and the loss then run on those N positions only); with the teacher's
         cached top-k (`teacher_cache`: [B, L, k] log-probabilities and ids), these stand in
         for the teacher's forward (`losses.topk_teacher_logits`).
       student, teacher: models with `logits(params, batch) -> [B, L, V]`.
@@ -147,19 +155,22 @@ def train_step(
       (new state, metrics): sums (loss_sum, weight_sum, acceptance_sum when a teacher is
       given) for normalisation on the host, plus grad_norm.
     """
-    inputs, weights = _model_inputs(batch), batch["weights"]
+    inputs, positions = _model_inputs(batch), batch.get("loss_positions")
+    # Only the positions that can carry weight: the prompt's logits would be weighted out.
+    at = lambda x: x if positions is None else _take_positions(x, positions)
+    weights = at(batch["weights"])
     teacher_logits = None
     if teacher_cache.LOG_PROBS in batch:  # A fixed-data step with the teacher's top-k cached.
         teacher_logits = losses.topk_teacher_logits(
-            batch[teacher_cache.LOG_PROBS], batch[teacher_cache.IDS], teacher.vocab_size
+            at(batch[teacher_cache.LOG_PROBS]), at(batch[teacher_cache.IDS]), teacher.vocab_size
         )
     elif teacher is not None:
-        teacher_logits = jax.lax.stop_gradient(teacher.logits(teacher_params, inputs))
+        teacher_logits = jax.lax.stop_gradient(teacher.logits(teacher_params, inputs, positions))
 
     def objective(params):
-        logits = student.logits(params, inputs)
+        logits = student.logits(params, inputs, positions)
         if loss.divergence == "ce":
-            total, count = losses.cross_entropy(logits, batch["targets"], weights)
+            total, count = losses.cross_entropy(logits, at(batch["targets"]), weights)
             sums = {"loss_sum": total, "weight_sum": count}
         else:  # The loss and the acceptance metric share each distribution's log-softmax.
             sums = losses.distillation_sums(

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.profiler import ProfileData
 
-from distillspec import trainer
+from distillspec import datagen, trainer
 from distillspec.models import DecoderOnlyLM, TransformerConfig
 
 TARGET = TransformerConfig(
@@ -147,14 +147,16 @@ def functions(args) -> dict:
                 "targets": jnp.asarray(tokens[:, 1:]), "weights": jnp.asarray(weights)}  # fmt: skip
 
     pretrain_batch = batch(args.pretrain_batch_size, args.pretrain_length, 0)
-    kd_batch = batch(
-        args.batch_size, args.prompt_length + args.completion_length, args.prompt_length - 1
-    )
+    rows, prompt, completion = args.batch_size, args.prompt_length, args.completion_length
+    kd_batch = datagen.pack_decoder_only(  # As the trainer packs it (with its loss_positions).
+        rng.integers(3, TARGET.vocab_size, size=(rows, prompt)), np.full(rows, prompt),
+        rng.integers(3, TARGET.vocab_size, size=(rows, completion)), np.full(rows, completion),
+    )  # fmt: skip
     forward = jax.jit(target.logits)
-    teacher_logits = forward(target_params, kd_batch)
+    teacher_logits = forward(target_params, kd_batch, kd_batch["loss_positions"])
 
     class Precomputed:  # The teacher whose 'parameters' are its logits (as the benchmark's).
-        def logits(self, logits, batch):
+        def logits(self, logits, batch, positions=None):
             return logits
 
     steps = {
@@ -173,8 +175,12 @@ def functions(args) -> dict:
             jax.block_until_ready((states[0], metrics))
 
         out[name] = (call, hlo)
-    hlo = forward.lower(target_params, kd_batch).compile().as_text()
-    out["teacher"] = (lambda: jax.block_until_ready(forward(target_params, kd_batch)), hlo)
+    positions = kd_batch["loss_positions"]
+    hlo = forward.lower(target_params, kd_batch, positions).compile().as_text()
+    out["teacher"] = (
+        lambda: jax.block_until_ready(forward(target_params, kd_batch, positions)),
+        hlo,
+    )
     return out
 
 

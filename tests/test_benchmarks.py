@@ -158,6 +158,10 @@ def test_matmul_flops_match_a_hand_count():
     # Per position and layer: q, k, v, o 4 x 2*16*16 = 2048; MLP 3 x 2*16*32 = 3072; attention
     # over 5 keys 2 x 2*2*8*5 = 320. The head 2*16*260 = 8320. 2 rows x 3 positions:
     assert flops.forward_flops(step_bench.TINY_STUDENT, 2, 3, 5) == 6 * (2048 + 3072 + 320 + 8320)
+    # The head on 1 of each row's 3 positions (a distillation step's loss positions):
+    assert flops.forward_flops(step_bench.TINY_STUDENT, 2, 3, 5, 1) == (
+        6 * (2048 + 3072 + 320) + 2 * 8320
+    )
     # The tiny teacher: E = 32, two layers, H = 4 query and Hkv = 2 key/value heads of D = 8 (GQA),
     # gated MLP of 64: q 2*32*32 = 2048, k and v 2*32*16 = 1024 each, o 2048; MLP 3 x 2*32*64 =
     # 12288; attention 2 x 2*4*8*5 = 640; head 2*32*260 = 16640.
@@ -169,10 +173,9 @@ def test_matmul_flops_match_a_hand_count():
                       2 * 3 * (2048 + 3072 + 2 * 2 * 2 * 8 * 9 + 8320))  # fmt: skip
     assert flops.sampling_flops(step_bench.TINY_STUDENT, 2, 4, 3) == prefill + steps
     parts = flops.part_flops(step_bench.TINY_TEACHER, step_bench.TINY_STUDENT, 2, 4, 3, 5, 6)
-    forward = lambda config, rows, length: flops.forward_flops(config, rows, length, length)  # noqa: E731
-    assert parts["teacher_forward"] == forward(step_bench.TINY_TEACHER, 2, 7)
-    assert parts["student_fwd_bwd"] == 3 * forward(step_bench.TINY_STUDENT, 2, 7)
-    assert parts["pretrain_step"] == 3 * forward(step_bench.TINY_TEACHER, 5, 6)
+    assert parts["teacher_forward"] == flops.forward_flops(step_bench.TINY_TEACHER, 2, 7, 7, 3)
+    assert parts["student_fwd_bwd"] == 3 * flops.forward_flops(step_bench.TINY_STUDENT, 2, 7, 7, 3)
+    assert parts["pretrain_step"] == 3 * flops.forward_flops(step_bench.TINY_TEACHER, 5, 6, 6)
     assert parts["kd_step_onpolicy"] == (
         parts["teacher_forward"] + parts["sampling"] + parts["student_fwd_bwd"]
     )
@@ -220,6 +223,51 @@ def test_train_step_benchmark_reports_every_part_of_the_step(tmp_path):
     assert record["teacher_cache_saving"] == pytest.approx(
         record["kd_step_fixed_ms"] / record["kd_step_fixed_cached_ms"], rel=1e-2
     )
+
+
+def test_trl_comparison_runs_both_trainers_on_the_same_exported_pair(tmp_path):
+    from distillspec.benchmarks import versus_trl
+
+    out = tmp_path / "versus_trl.json"
+    record = versus_trl.main(["--tiny", "--repeats", "2", "--batch_size", "4", "--prompt_length",
+                              "16", "--completion_length", "8", "--max_examples", "16",
+                              "--json", str(out)])  # fmt: skip
+    assert json.loads(out.read_text()) == record
+    times = ("trl_step_ms", "distillspec_step_ms", "trl_generate_ms", "distillspec_sampling_ms")
+    for key in times:
+        assert math.isfinite(record[key]) and record[key] > 0, (key, record[key])
+    # The ratios are their definitions, inside their intervals (no speed threshold).
+    assert record["speedup"] == pytest.approx(
+        record["trl_step_ms"] / record["distillspec_step_ms"], rel=1e-2
+    )
+    for key in ("speedup", "sampling_speedup"):
+        low, high = record[f"{key}_interval"]
+        assert low <= record[key] <= high
+    # transformers computes the same logits from the exported models as we do.
+    assert record["teacher_logits_max_abs_diff"] < 1e-4
+    assert record["student_logits_max_abs_diff"] < 1e-4
+    assert record["trl_version"] == "1.16.0" and record["batch_size"] == 4
+
+
+def test_trl_comparison_stops_when_the_exported_models_differ(tmp_path):
+    from distillspec import trainer
+    from distillspec.benchmarks import versus_trl
+
+    teacher = step_bench.DecoderOnlyLM(step_bench.TINY_TEACHER)
+    student = step_bench.DecoderOnlyLM(step_bench.TINY_STUDENT)
+    teacher_params = teacher.init(jax.random.PRNGKey(1))
+    params = student.init(jax.random.PRNGKey(0))
+    models = trainer.Models(student, teacher, teacher_params)
+    from distillspec.vocabularies import load_tokenizer
+
+    teacher_hf, student_hf, _ = versus_trl._hf_pair(
+        models, params, load_tokenizer("byte"), str(tmp_path)
+    )
+    local = {"prompt_tokens": np.full((2, 5), 7, np.int32), "prompt_lengths": np.array([5, 3])}
+    assert versus_trl._check_logits(models, params, teacher_hf, student_hf, local)
+    with pytest.raises(SystemExit, match="student's logits differ"):
+        versus_trl._check_logits(models, perturbed(params, 0.5, seed=2), teacher_hf, student_hf,
+                                 local)  # fmt: skip
 
 
 def test_train_step_benchmark_names_the_flags_when_the_quickstart_pair_is_missing(

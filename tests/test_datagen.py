@@ -119,10 +119,13 @@ def test_pack_decoder_only_by_hand():
         ],
         np.float32,
     )
-    assert set(out) == {"decoder_input_tokens", "targets", "weights"}
+    # The N = 3 positions from each row's prompt_length - 1: all that can carry weight.
+    loss_positions = np.array([[2, 3, 4], [0, 1, 2], [1, 2, 3]])
+    assert set(out) == {"decoder_input_tokens", "targets", "weights", "loss_positions"}
     np.testing.assert_array_equal(out["decoder_input_tokens"], tokens)
     np.testing.assert_array_equal(out["targets"], targets)
     np.testing.assert_array_equal(out["weights"], weights)
+    np.testing.assert_array_equal(out["loss_positions"], loss_positions)
     assert out["weights"].dtype == np.float32
     # Weighted targets are exactly the completions.
     for row in range(3):

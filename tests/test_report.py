@@ -48,7 +48,7 @@ def _argv(tmp_path, *extra):
         "--out_dir", str(tmp_path / "results"), "--quickstart", missing, "--disco", missing,
         "--study", missing, "--speculative_json", f"{missing}.json",
         "--disco_json", f"{missing}.json", "--disco_trained_json", f"{missing}.json",
-        "--train_step_json", f"{missing}.json", *extra,
+        "--train_step_json", f"{missing}.json", "--versus_trl_json", f"{missing}.json", *extra,
     ]  # fmt: skip
 
 
@@ -58,7 +58,7 @@ def test_pages_only_for_inputs_that_exist_and_an_index_of_all(tmp_path):
     assert written == {
         "quickstart.md": True, "seeds.md": False, "disco.md": True, "study.md": False,
         "speculative.md": False, "disco_benchmark.md": False, "disco_trained.md": False,
-        "train_step.md": False,
+        "train_step.md": False, "versus_trl.md": False,
     }  # fmt: skip
     out = tmp_path / "results"
     assert sorted(p.name for p in out.iterdir()) == [
@@ -70,7 +70,7 @@ def test_pages_only_for_inputs_that_exist_and_an_index_of_all(tmp_path):
         assert page.title in index and page.producer in index
     assert "[The main job: Table C.1 and quality](quickstart.md)" in index
     assert "| Benchmark: where a distillation step's time goes |" in index  # Not linked.
-    assert index.count("no: input not found") == 6
+    assert index.count("no: input not found") == 7
 
 
 def test_a_page_is_stamped_and_shows_the_records_figures(tmp_path):
@@ -104,19 +104,23 @@ def test_benchmark_pages_from_their_json(tmp_path):
     disco = {"disco_vs_static_opt_pct": 4.5, "all_exact": True, "pair": "reference",
              "policies": {"disco": {"latency_ms": 3.2, "speedup": 1.6}}}  # fmt: skip
     train = {"kd_step_fixed_over_sum": 1.07, "backend": "cpu", "shapes": {"batch": 16}}
+    trl = {"speedup": 2.31, "speedup_interval": [2.1, 2.5], "trl_version": "1.16.0"}
     paths = {}
-    for name, value in (("spec", spec), ("disco", disco), ("train", train)):
+    for name, value in (("spec", spec), ("disco", disco), ("train", train), ("trl", trl)):
         paths[name] = tmp_path / f"{name}.json"
         paths[name].write_text(json.dumps(value))
     written = report.main(_argv(
         tmp_path, "--speculative_json", str(paths["spec"]), "--disco_json", str(paths["disco"]),
-        "--train_step_json", str(paths["train"]),
+        "--train_step_json", str(paths["train"]), "--versus_trl_json", str(paths["trl"]),
     ))  # fmt: skip
     assert written["speculative.md"] and written["disco_benchmark.md"] and written["train_step.md"]
+    assert written["versus_trl.md"]
     out = tmp_path / "results"
     assert "| 0.79 |" in (out / "speculative.md").read_text()
     assert "| disco_vs_static_opt_pct | 4.50 |" in (out / "disco_benchmark.md").read_text()
     assert "| kd_step_fixed_over_sum | 1.07 |" in (out / "train_step.md").read_text()
+    page = (out / "versus_trl.md").read_text()
+    assert "| speedup | 2.31 |" in page and "| trl_version | 1.16.0 |" in page
 
 
 def test_the_trained_pair_page_shows_table_1_intervals_and_the_modeled_sweep(tmp_path):

@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from distillspec import checkpoints, datagen, gin_setup, metrics, tasks, trainer, vocabularies
+from distillspec import teacher_cache as cache
 from distillspec.models import DecoderOnlyLM, TransformerConfig, from_pretrained
 from tests.test_utils import ragged_prompts
 
@@ -192,6 +193,43 @@ def test_train_step_decreases_the_loss_and_leaves_the_teacher_alone(divergence, 
     for leaf in jax.tree.leaves(teacher_params):
         assert not leaf.is_deleted()
     jax.tree.map(np.testing.assert_array_equal, _copy(teacher_params), teacher_before)
+
+
+def test_loss_positions_cover_every_weighted_position():
+    batch = _batch(completion_length=7)
+    weights, positions = np.asarray(batch["weights"]), np.asarray(batch["loss_positions"])
+    assert positions.shape == (4, 7)
+    for row in range(4):
+        assert set(np.flatnonzero(weights[row])) <= set(positions[row])
+        assert len(set(positions[row])) == 7 and positions[row].max() < weights.shape[1]
+
+
+@pytest.mark.parametrize("divergence", ["fkl", "rkl", "jsd", "tvd", "ce", "topk"])
+def test_the_step_at_the_loss_positions_equals_the_step_over_every_position(divergence, params):
+    # The trainer runs both heads and the loss on `loss_positions` only; without them it runs
+    # over every position and the weights leave the prompt out: the same step.
+    student_params, teacher_params = params
+    step, optimizer = _step_fn("fkl" if divergence == "topk" else divergence)
+    batch = _batch(completion_length=7)
+    if divergence == "topk":  # The teacher's cached top-k laid out as `TeacherTopK.rows` does.
+        rng = np.random.default_rng(3)
+        log_probs = np.log(rng.dirichlet(np.ones(6), size=(4, 13))[..., :4]).astype(np.float32)
+        ids = np.argsort(rng.random((4, 13, VOCAB)), axis=-1)[..., :4].astype(np.int32)
+        batch = {**batch, cache.LOG_PROBS: log_probs, cache.IDS: ids}
+
+    def run(batch):
+        state = trainer.init_state(jax.tree.map(jnp.copy, student_params), optimizer)  # Donated.
+        state, out = step(state, None if divergence == "ce" else teacher_params, batch)
+        return jax.device_get(out), _copy(state.params)
+
+    everywhere = {k: v for k, v in batch.items() if k != "loss_positions"}
+    (at, params_at), (full, params_full) = run(batch), run(everywhere)
+    assert set(at) == set(full)
+    for key in at:
+        np.testing.assert_allclose(at[key], full[key], rtol=2e-5, atol=1e-6, err_msg=key)
+    # Adam divides by the gradient's scale, so float reordering shows in the update at ~1e-5 of
+    # the learning rate's step (3e-2); a wrong position would move parameters by ~the step.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=3e-5), params_at, params_full)
 
 
 @pytest.mark.parametrize("divergence", ["fkl", "ce"])

@@ -3,7 +3,8 @@ matmul rate (`python -m distillspec.benchmarks.train_step`'s `*_ideal_ms`, `*_ut
 
 Counted as the decoder-only model (`distillspec.models.TransformerConfig`) computes them: every
 product 2 m k n FLOPs; per position and layer the q, k, v, o projections and the feed-forward
-block's two (three if gated) products, per position the lm head, and attention's two products
+block's two (three if gated) products, per position that needs logits the lm head (in a
+distillation step only the completion's: `loss_positions`), and attention's two products
 (scores and the weighted values) over every key the model computes, masked ones included (all T
 positions in teacher forcing, the whole cache when decoding). Embedding lookups, norms,
 softmaxes, the loss and the optimizer are not matmuls and count 0: they are what a part spends
@@ -25,9 +26,12 @@ def product_flops(m: int, k: int, n: int) -> int:
     return 2 * m * k * n
 
 
-def forward_flops(config: Any, rows: int, tokens: int, keys: int) -> int | None:
+def forward_flops(
+    config: Any, rows: int, tokens: int, keys: int, head_tokens: int | None = None
+) -> int | None:
     """Matmul FLOPs of a forward pass over rows x tokens positions, each attending over `keys`
-    keys; None for a model that is not decoder-only (no formula here)."""
+    keys, with the lm head on rows x head_tokens of them (default all); None for a model that
+    is not decoder-only (no formula here)."""
     if not hasattr(config, "num_kv_heads") or not hasattr(config, "gated_mlp"):
         return None
     e, h, kv, d = config.embed_dim, config.num_heads, config.num_kv_heads, config.head_dim
@@ -35,7 +39,8 @@ def forward_flops(config: Any, rows: int, tokens: int, keys: int) -> int | None:
     mlp = (3 if config.gated_mlp else 2) * product_flops(1, e, config.mlp_dim)
     attention = 2 * product_flops(1, d, keys) * h  # q.k over the keys, then probs.v.
     per_position = config.num_layers * (projections + mlp + attention)
-    return rows * tokens * (per_position + product_flops(1, e, config.vocab_size))
+    head = product_flops(1, e, config.vocab_size)
+    return rows * (tokens * per_position + (tokens if head_tokens is None else head_tokens) * head)
 
 
 def sampling_flops(config: Any, rows: int, prompt_length: int, new_tokens: int) -> int | None:
@@ -55,12 +60,13 @@ def part_flops(
     pretrain_rows: int, pretrain_length: int,
 ) -> dict[str, int | None]:  # fmt: skip
     """{part: matmul FLOPs} for the train-step benchmark's parts, on a packed decoder-only batch
-    of rows x (prompt_length + new_tokens) positions: the teacher's forward, the student's
-    sampling, the student's forward and backward, the whole on-policy step (their sum), and the
-    teacher's pretraining step on pretrain_rows x pretrain_length positions."""
+    of rows x (prompt_length + new_tokens) positions (the heads on the new_tokens loss positions):
+    the teacher's forward, the student's sampling, the student's forward and backward, the whole
+    on-policy step (their sum), and the teacher's pretraining step on pretrain_rows x
+    pretrain_length positions (every one weighted)."""
     length = prompt_length + new_tokens
-    teacher_forward = forward_flops(teacher, rows, length, length)
-    student_forward = forward_flops(student, rows, length, length)
+    teacher_forward = forward_flops(teacher, rows, length, length, new_tokens)
+    student_forward = forward_flops(student, rows, length, length, new_tokens)
     pretrain_forward = forward_flops(teacher, pretrain_rows, pretrain_length, pretrain_length)
     flops = {
         "teacher_forward": teacher_forward,

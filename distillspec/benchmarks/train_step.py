@@ -97,8 +97,8 @@ class PrecomputedTeacher:
     """A stand-in teacher whose 'parameters' are its logits: `train_step` given it runs all of
     the step except the teacher forward (the logits pass through `stop_gradient` unchanged)."""
 
-    def logits(self, logits, batch):
-        del batch
+    def logits(self, logits, batch, positions=None):
+        del batch, positions  # Computed at the batch's loss positions already.
         return logits
 
 
@@ -185,6 +185,28 @@ def _utilisation(models: trainer.Models, ms: dict, batch, local, pretrain_shape)
     return {"matmul_gflops": round(gflops, 3), **flops.utilisation(counts, ms, gflops)}
 
 
+def onpolicy_step(models: trainer.Models, params, data, eos_id, loop, loss, optimizer, temperature):
+    """() -> None: one on-policy step of the training loop per call, `trainer._step_batch` with
+    student samples of step s's prompts (s = 0, 1, ...), then the jitted full step, its state fed
+    back (donated) as in training; each call ends with its outputs ready."""
+    mixture = datagen.DataMixture(
+        fixed_data_fraction=0.0, student_data_fraction=1.0, temperature=temperature
+    )
+    make = trainer.compile_step_batch(models, mixture, eos_id)
+    kd_step = trainer.compile_train_step(models.student, models.teacher, loss, optimizer)
+    state, steps = [trainer.init_state(params, optimizer)], itertools.count()
+
+    def run():
+        step = next(steps)
+        batch, _ = trainer._step_batch(
+            data, step, loop, state[0].params, models, mixture, make, None
+        )
+        state[0], metrics = kd_step(state[0], models.teacher_params, batch)
+        _ready((state[0], metrics))
+
+    return run
+
+
 def measure(
     models: trainer.Models,
     params,
@@ -215,40 +237,32 @@ def measure(
     as_fixed = dict(local, sources=np.full(loop.batch_size, datagen.DATASET, np.int32))
     as_student = dict(local, sources=np.full(loop.batch_size, datagen.STUDENT, np.int32))
     batch = make_fixed(params, teacher_params, as_fixed, rng, present=())
-    inputs = trainer._model_inputs(batch)
-    teacher_forward = jax.jit(models.teacher.logits)
-    teacher_logits = teacher_forward(teacher_params, inputs)
+    inputs, positions = trainer._model_inputs(batch), batch.get("loss_positions")
+    teacher_forward = jax.jit(models.teacher.logits)  # As the step runs it: at the loss positions.
+    teacher_logits = teacher_forward(teacher_params, inputs, positions)
     sampled = make_onpolicy(params, teacher_params, as_student, rng, present=(datagen.STUDENT,))
     sampled_tokens = float(np.mean(np.sum(np.asarray(sampled["weights"]), axis=1)))
 
     student_step = trainer.compile_train_step(models.student, PrecomputedTeacher(), loss, optimizer)
     kd_step = trainer.compile_train_step(models.student, models.teacher, loss, optimizer)
-    chains = ("student", "fixed", "onpolicy")
+    chains = ("student", "fixed")
     states = {name: trainer.init_state(copy(params), optimizer) for name in chains}
-    steps = {name: itertools.count() for name in ("batch_fixed", "onpolicy")}
+    steps = itertools.count()
 
     def student_fwd_bwd():
         states["student"], metrics = student_step(states["student"], teacher_logits, batch)
         _ready((states["student"], metrics))
 
     def batch_fixed():
-        step = next(steps["batch_fixed"])
+        step = next(steps)
         _ready(trainer._step_batch(data, step, loop, params, models, fixed, make_fixed, None)[0])
 
     def kd_step_fixed():
         states["fixed"], metrics = kd_step(states["fixed"], teacher_params, batch)
         _ready((states["fixed"], metrics))
 
-    def kd_step_onpolicy():
-        state, step = states["onpolicy"], next(steps["onpolicy"])
-        step_batch, _ = trainer._step_batch(
-            data, step, loop, state.params, models, onpolicy, make_onpolicy, None
-        )
-        states["onpolicy"], metrics = kd_step(state, teacher_params, step_batch)
-        _ready((states["onpolicy"], metrics))
-
     fns = {
-        "teacher_forward": lambda: _ready(teacher_forward(teacher_params, inputs)),
+        "teacher_forward": lambda: _ready(teacher_forward(teacher_params, inputs, positions)),
         "student_fwd_bwd": student_fwd_bwd,
         "packing": lambda: _ready(make_fixed(params, teacher_params, as_fixed, rng, present=())),
         "sampling": lambda: _ready(
@@ -256,7 +270,9 @@ def measure(
         ),
         "batch_fixed": batch_fixed,
         "kd_step_fixed": kd_step_fixed,
-        "kd_step_onpolicy": kd_step_onpolicy,
+        "kd_step_onpolicy": onpolicy_step(
+            models, copy(params), data, eos_id, loop, loss, optimizer, temperature
+        ),
         **_reference_fns(models, optimizer, pretrain_shape, loop.seed),
     }
     if teacher_top_k:
@@ -314,9 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> dict:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def prepare(parser: argparse.ArgumentParser, args) -> tuple:
+    """The parsed flags -> (models, student params, data, tokenizer, loop, loss, optimizer
+    config, description), the pair and data as the trainer would have them."""
     if args.tiny and (args.teacher or args.student):
         parser.error("--tiny builds its own models: give it without --teacher / --student")
     if args.divergence == "ce":
@@ -336,27 +352,41 @@ def main(argv=None) -> dict:
     data = example_store(
         name, "train", lengths, args.max_examples, args.batch_size, tokenizer.prompt_bos
     )
+    return models, params, data, tokenizer, loop, loss, optimizer, description
+
+
+def main(argv=None) -> dict:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    models, params, data, tokenizer, loop, loss, optimizer, description = prepare(parser, args)
     print(f"measuring {description}, batch {args.batch_size} ...", file=sys.stderr, flush=True)
     timings = measure(models, params, data, tokenizer.eos_id, loop, loss, optimizer,
                       args.repeats, args.temperature, args.teacher_top_k,
                       (args.pretrain_batch_size, args.pretrain_length))  # fmt: skip
     record = {
         **timings,
+        "pretrain_batch_size": args.pretrain_batch_size,
+        "pretrain_length": args.pretrain_length,
+        "divergence": args.divergence,
+        "optimizer": args.optimizer,
+        "teacher_mb": round(megabytes(models.teacher_params), 2),
+        "student_mb": round(megabytes(params), 2),
+        **context(args, description),
+    }
+    return emit(record, args.json)
+
+
+def context(args, description: str) -> dict:
+    """The record's shapes, repeats, models, task and backend (shared with versus_trl)."""
+    return {
         "batch_size": args.batch_size,
         "prompt_length": args.prompt_length,
         "completion_length": args.completion_length,
-        "pretrain_batch_size": args.pretrain_batch_size,
-        "pretrain_length": args.pretrain_length,
         "repeats": args.repeats,
-        "divergence": args.divergence,
-        "optimizer": args.optimizer,
-        "teacher_mb": round(megabytes(teacher_params), 2),
-        "student_mb": round(megabytes(params), 2),
         "models": description,
         "task": args.task,
         "backend": jax.default_backend(),
     }
-    return emit(record, args.json)
 
 
 if __name__ == "__main__":

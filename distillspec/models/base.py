@@ -71,8 +71,11 @@ class ScoringModel(DecodingModel, Protocol):
     """A decoding model that also scores whole sequences by teacher forcing (training, TVD,
     DISCO features): every model of `distillspec.models` is one."""
 
-    def logits(self, params: Params, batch: dict[str, jax.Array]) -> jax.Array:
-        """Teacher-forced logits [B, L, V] float32 of a packed batch (`datagen.pack_for`)."""
+    def logits(
+        self, params: Params, batch: dict[str, jax.Array], positions: jax.Array | None = None
+    ) -> jax.Array:
+        """Teacher-forced logits [B, L, V] float32 of a packed batch (`datagen.pack_for`), or
+        [B, N, V] at `positions` [B, N] only (the batch's `loss_positions`)."""
         ...
 
 
@@ -140,8 +143,8 @@ class TruncatedVocabulary:
         logits, cache = self.model.extend(params, cache, tokens, positions)
         return logits[..., : self.vocab_size], cache
 
-    def logits(self, params, batch):
-        return self.model.logits(params, batch)[..., : self.vocab_size]
+    def logits(self, params, batch, positions=None):
+        return self.model.logits(params, batch, positions)[..., : self.vocab_size]
 
     def init(self, rng):
         return self.model.init(rng)

@@ -148,7 +148,11 @@ class DecoderOnlyTransformer(nn.Module):
             )  # fmt: skip
 
     def __call__(
-        self, tokens: jax.Array, starts: jax.Array, cache: dict[str, jax.Array]
+        self,
+        tokens: jax.Array,
+        starts: jax.Array,
+        cache: dict[str, jax.Array],
+        select: jax.Array | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Runs tokens [B, T] placed at positions starts[b] .. starts[b] + T - 1.
 
@@ -157,9 +161,10 @@ class DecoderOnlyTransformer(nn.Module):
           starts: [B] int position of each row's first token.
           cache: {'k', 'v'} [num_layers, B, S, Hkv, D], or {} to attend within `tokens` only
             (teacher forcing; then starts must be 0).
+          select: optional [B, N] indices into T: the head runs on those positions only.
 
         Returns:
-          (logits [B, T, V] float32, updated cache or {}).
+          (logits [B, T, V] (or [B, N, V]) float32, updated cache or {}).
         """
         positions = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
         key_length = cache["k"].shape[2] if cache else tokens.shape[1]
@@ -171,6 +176,8 @@ class DecoderOnlyTransformer(nn.Module):
         if cache:  # One in-place write per call, [L, B, T, Hkv, D] at each row's start.
             write = jax.vmap(layers.write_rows, in_axes=(0, 0, None))
             cache = {name: write(cache[name], entries[name], starts) for name in ("k", "v")}
+        if select is not None:  # The head and what follows it only where they are needed.
+            x = jnp.take_along_axis(x, select[..., None], axis=1)
         x = self.final_norm(x)
         logits = self.embed.attend(x) if self.config.tie_embeddings else self.lm_head(x)
         return logits.astype(jnp.float32), cache
@@ -193,7 +200,9 @@ class DecoderOnlyLM(FlaxModel):
         tokens = jnp.zeros((1, 1), jnp.int32)
         return self.module.init(rng, tokens, jnp.zeros((1,), jnp.int32), {})
 
-    def logits(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+    def logits(
+        self, params: Any, batch: dict[str, jax.Array], positions: jax.Array | None = None
+    ) -> jax.Array:
         """Teacher-forced logits.
 
         Args:
@@ -201,13 +210,15 @@ class DecoderOnlyLM(FlaxModel):
           batch: {'decoder_input_tokens': [B, L] int}. Rows are right-padded; attention is
             causal, so real positions never attend to the right padding, and logits at padding
             positions are meaningless (losses weight them out).
+          positions: optional [B, N] int: only the logits at these positions (the packed
+            batch's `loss_positions`), computed without the head's work elsewhere.
 
         Returns:
-          [B, L, V] float32 logits; position t predicts token t + 1.
+          [B, L, V] (or [B, N, V]) float32 logits; position t predicts token t + 1.
         """
         tokens = batch["decoder_input_tokens"]
         starts = jnp.zeros((tokens.shape[0],), jnp.int32)
-        logits, _ = self.module.apply({"params": params}, tokens, starts, {})
+        logits, _ = self.module.apply({"params": params}, tokens, starts, {}, positions)
         return logits
 
     def init_cache(self, batch_size: int, cache_length: int) -> dict[str, jax.Array]:

@@ -227,7 +227,9 @@ class T5LM(FlaxModel):
         tokens = jnp.ones((1, 1), jnp.int32)
         return self.module.init(rng, tokens, tokens)
 
-    def logits(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+    def logits(
+        self, params: Any, batch: dict[str, jax.Array], positions: jax.Array | None = None
+    ) -> jax.Array:
         """Teacher-forced logits.
 
         Args:
@@ -237,13 +239,17 @@ class T5LM(FlaxModel):
             Decoder inputs start with the start token 0 (targets shifted right); decoder
             attention is causal, so real positions never attend to right padding, and logits at
             padding positions are meaningless (losses weight them out).
+          positions: optional [B, N] int: only the logits at these positions.
 
         Returns:
-          [B, L, V] float32 logits.
+          [B, L, V] (or [B, N, V]) float32 logits.
         """
-        return self.module.apply(
+        logits = self.module.apply(
             {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"]
         )
+        if positions is None:  # (The packed T5 batch has no prompt positions to leave out.)
+            return logits
+        return jnp.take_along_axis(logits, positions[..., None], axis=1)
 
     def prefill(
         self, params: Any, prompt_tokens: jax.Array, prompt_lengths: jax.Array, cache_length: int
