@@ -222,9 +222,19 @@ def study_page(args: argparse.Namespace, out_dir: str) -> str | None:
 
 
 def _flat(result: dict) -> list[dict]:
-    """A JSON object's scalar fields as rows of (field, value)."""
+    """A JSON object's scalar fields and intervals ([low, high]) as rows of (field, value);
+    a float below 0.01 keeps three significant digits (it would print as 0.00)."""
+
+    def cell(v):
+        if isinstance(v, float) and v and abs(v) < 0.01:
+            return f"{v:.3g}"
+        if isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
+            return f"[{v[0]:.2f}, {v[1]:.2f}]"
+        return v
+
     scalar = lambda v: v is None or isinstance(v, (str, int, float, bool))
-    return [{"field": k, "value": v} for k, v in result.items() if scalar(v)]
+    rows = [{"field": k, "value": cell(v)} for k, v in result.items()]
+    return [row for row in rows if scalar(row["value"])]
 
 
 SPECULATIVE_COLUMNS = (

@@ -104,7 +104,8 @@ def test_benchmark_pages_from_their_json(tmp_path):
     disco = {"disco_vs_static_opt_pct": 4.5, "all_exact": True, "pair": "reference",
              "policies": {"disco": {"latency_ms": 3.2, "speedup": 1.6}}}  # fmt: skip
     train = {"kd_step_fixed_over_sum": 1.07, "backend": "cpu", "shapes": {"batch": 16}}
-    trl = {"speedup": 2.31, "speedup_interval": [2.1, 2.5], "trl_version": "1.16.0"}
+    trl = {"speedup": 2.31, "speedup_interval": [2.1, 2.5], "trl_version": "1.16.0",
+           "student_logits_max_abs_diff": 4.77e-06}  # fmt: skip
     paths = {}
     for name, value in (("spec", spec), ("disco", disco), ("train", train), ("trl", trl)):
         paths[name] = tmp_path / f"{name}.json"
@@ -121,6 +122,8 @@ def test_benchmark_pages_from_their_json(tmp_path):
     assert "| kd_step_fixed_over_sum | 1.07 |" in (out / "train_step.md").read_text()
     page = (out / "versus_trl.md").read_text()
     assert "| speedup | 2.31 |" in page and "| trl_version | 1.16.0 |" in page
+    assert "| speedup_interval | [2.10, 2.50] |" in page  # Intervals and small figures kept.
+    assert "| student_logits_max_abs_diff | 4.77e-06 |" in page
 
 
 def test_the_trained_pair_page_shows_table_1_intervals_and_the_modeled_sweep(tmp_path):

@@ -7,7 +7,8 @@ Measures in one process, with compilation excluded (every function runs once unt
 and the functions below interleaved (one call of each per repeat, `timing.interleaved_items`),
 the medians over repeats in ms per step; each call ends with its outputs ready on the devices
 (`jax.block_until_ready`):
-  teacher_forward_ms    the jitted teacher `logits(params, inputs)` on a packed fixed-data batch;
+  teacher_forward_ms    the jitted teacher `logits(params, inputs, loss_positions)` on a packed
+                        fixed-data batch, as the step runs it (the head on the completion only);
   student_fwd_bwd_ms    `trainer.train_step` (jitted and donating its state, as
                         `trainer.compile_train_step` makes it) with the teacher forward replaced
                         by precomputed teacher logits: the student's forward and backward, the
