@@ -147,7 +147,8 @@ def train_step(
         models' heads and the loss then run on those N positions only); with the teacher's
         cached top-k (`teacher_cache`: [B, L, k] log-probabilities and ids), these stand in
         for the teacher's forward (`losses.topk_teacher_logits`).
-      student, teacher: models with `logits(params, batch) -> [B, L, V]`.
+      student, teacher: models with `logits(params, batch, positions) -> [B, L or N, V]`
+        (`models.base.ScoringModel`).
       loss: the divergence (or 'ce').
       optimizer: the optax transformation whose state is in `state`.
 
