@@ -37,7 +37,7 @@ setup(
         # Serving an exported draft with transformers' assisted generation (docs/your-own-model.md,
         # step 3). torch is pinned for the same reason as in "test".
         "hf": ["transformers", "torch==2.13.0"],
-        # The training-step comparison with TRL (python -m distillspec.benchmarks.versus_trl).
+        # The training-step comparison with TRL (python scripts/versus_trl.py).
         "trl": ["trl==1.16.0", "transformers", "torch==2.13.0"],
         # torch is pinned so that pip takes the CPU build that lies on the machine's disk;
         # an unpinned torch pulls a multi-GB CUDA build.

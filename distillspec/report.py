@@ -376,7 +376,7 @@ PAGES = (
         "versus_trl.md",
         "Benchmark: the on-policy distillation step against TRL's GKDTrainer (same pair, "
         "prompts and recipe, one process)",
-        "python -m distillspec.benchmarks.versus_trl --json runs/benchmarks/versus_trl.json",
+        "python scripts/versus_trl.py --json runs/benchmarks/versus_trl.json",
         versus_trl_page,
     ),
 )

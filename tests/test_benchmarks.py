@@ -225,13 +225,17 @@ def test_train_step_benchmark_reports_every_part_of_the_step(tmp_path):
     )
 
 
-def test_trl_comparison_runs_both_trainers_on_the_same_exported_pair(tmp_path):
-    from distillspec.benchmarks import versus_trl
+def _versus_trl() -> dict:
+    import runpy
 
+    return runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "versus_trl.py"))
+
+
+def test_trl_comparison_runs_both_trainers_on_the_same_exported_pair(tmp_path):
     out = tmp_path / "versus_trl.json"
-    record = versus_trl.main(["--tiny", "--repeats", "2", "--batch_size", "4", "--prompt_length",
-                              "16", "--completion_length", "8", "--max_examples", "16",
-                              "--json", str(out)])  # fmt: skip
+    flags = ["--tiny", "--repeats", "2", "--batch_size", "4", "--prompt_length", "16",
+             "--completion_length", "8", "--max_examples", "16", "--json", str(out)]  # fmt: skip
+    record = _versus_trl()["main"](flags)
     assert json.loads(out.read_text()) == record
     times = ("trl_step_ms", "distillspec_step_ms", "trl_generate_ms", "distillspec_sampling_ms")
     for key in times:
@@ -251,7 +255,8 @@ def test_trl_comparison_runs_both_trainers_on_the_same_exported_pair(tmp_path):
 
 def test_trl_comparison_stops_when_the_exported_models_differ(tmp_path):
     from distillspec import trainer
-    from distillspec.benchmarks import versus_trl
+
+    versus_trl = _versus_trl()
 
     teacher = step_bench.DecoderOnlyLM(step_bench.TINY_TEACHER)
     student = step_bench.DecoderOnlyLM(step_bench.TINY_STUDENT)
@@ -260,13 +265,13 @@ def test_trl_comparison_stops_when_the_exported_models_differ(tmp_path):
     models = trainer.Models(student, teacher, teacher_params)
     from distillspec.vocabularies import load_tokenizer
 
-    teacher_hf, student_hf, _ = versus_trl._hf_pair(
+    teacher_hf, student_hf, _ = versus_trl["_hf_pair"](
         models, params, load_tokenizer("byte"), str(tmp_path)
     )
     local = {"prompt_tokens": np.full((2, 5), 7, np.int32), "prompt_lengths": np.array([5, 3])}
-    assert versus_trl._check_logits(models, params, teacher_hf, student_hf, local)
+    assert versus_trl["_check_logits"](models, params, teacher_hf, student_hf, local)
     with pytest.raises(SystemExit, match="student's logits differ"):
-        versus_trl._check_logits(models, perturbed(params, 0.5, seed=2), teacher_hf, student_hf,
+        versus_trl["_check_logits"](models, perturbed(params, 0.5, seed=2), teacher_hf, student_hf,
                                  local)  # fmt: skip
 
 

@@ -272,7 +272,7 @@ def test_the_docs_name_every_command():
     text = "\n".join(p.read_text() for p in DOCS)
     named = {cmd[0] for cmd in commands(text)}
     every = {f"distillspec.{n}" for n in (*GIN_RUNS, "convert", "report")} | {
-        f"distillspec.benchmarks.{n}" for n in ("speculative", "disco", "train_step", "versus_trl")
+        f"distillspec.benchmarks.{n}" for n in ("speculative", "disco", "train_step")
     }
     assert every <= named, every - named
 

@@ -378,7 +378,7 @@ def main(argv=None) -> dict:
 
 
 def context(args, description: str) -> dict:
-    """The record's shapes, repeats, models, task and backend (shared with versus_trl)."""
+    """The record's shapes, repeats, models, task and backend (also scripts/versus_trl.py's)."""
     return {
         "batch_size": args.batch_size,
         "prompt_length": args.prompt_length,

@@ -1,7 +1,7 @@
 """The on-policy distillation step against TRL's `GKDTrainer` on the same work, in one process.
 
     pip install -e ".[trl]"     # trl, transformers and the CPU build of torch
-    python -m distillspec.benchmarks.versus_trl --json OUT.json [--teacher DIR --student DIR] \\
+    python scripts/versus_trl.py --json OUT.json [--teacher DIR --student DIR] \\
         [--batch_size 16] [--prompt_length 64] [--completion_length 64] [--repeats 10] [--tiny]
 
 The same pair (the quickstart's target and standard draft by default, as
@@ -52,6 +52,8 @@ from distillspec.evaluation.timing import interleaved, repeats_interval
 from distillspec.models import save_pretrained
 
 SETTLE_S = 0.2  # The pause before each timed call (not timed).
+# A script rather than a module of the package: what it imports (trl, torch, transformers,
+# datasets) comes with the `trl` extra, not with `pip install -e .`.
 LEARNING_RATE = 5e-3  # The main job's distillation rate (the cost does not depend on it).
 
 
