@@ -41,15 +41,19 @@ import sys
 import tempfile
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+from distillspec import console
 
-from distillspec import datagen, trainer
-from distillspec.benchmarks import emit
-from distillspec.benchmarks import train_step as step_bench
-from distillspec.evaluation.timing import interleaved, repeats_interval
-from distillspec.models import save_pretrained
+console.quiet_startup()  # Before anything imports TensorFlow (a script, not `python -m`).
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from distillspec import datagen, trainer  # noqa: E402
+from distillspec.benchmarks import emit  # noqa: E402
+from distillspec.benchmarks import train_step as step_bench  # noqa: E402
+from distillspec.evaluation.timing import interleaved, repeats_interval  # noqa: E402
+from distillspec.models import save_pretrained  # noqa: E402
 
 SETTLE_S = 0.2  # The pause before each timed call (not timed).
 # A script rather than a module of the package: what it imports (trl, torch, transformers,
