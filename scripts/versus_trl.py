@@ -36,6 +36,7 @@ are of one machine at one moment: compare them only as ratios measured in one ru
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -49,7 +50,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from distillspec import datagen, trainer  # noqa: E402
+from distillspec import trainer  # noqa: E402
 from distillspec.benchmarks import emit  # noqa: E402
 from distillspec.benchmarks import train_step as step_bench  # noqa: E402
 from distillspec.evaluation.timing import interleaved, repeats_interval  # noqa: E402
@@ -173,7 +174,7 @@ def _trl_fns(teacher_hf, student_hf, hf_tokenizer, data, loop, args, directory: 
         train_dataset=datasets.Dataset.from_dict({"row": [0]}), data_collator=lambda rows: rows,
     )  # fmt: skip
     gkd.create_optimizer_and_scheduler(num_training_steps=config.max_steps)
-    model, steps = gkd.model, iter(range(10**9))
+    model, steps = gkd.model, itertools.count()
     gkd.current_gradient_accumulation_steps = 1  # As `Trainer`'s loop sets it: one batch a step.
 
     def step():
@@ -235,15 +236,7 @@ def main(argv=None) -> dict:
             models, params, teacher_hf, student_hf, data.batch(loop.seed, 0, loop.batch_size)
         )
         fns = _trl_fns(teacher_hf, student_hf, hf_tokenizer, data, loop, args, directory)
-        mixture = datagen.DataMixture(
-            fixed_data_fraction=0.0, student_data_fraction=1.0, temperature=args.temperature
-        )
-        make = trainer.compile_step_batch(models, mixture, tokenizer.eos_id)
-        local = dict(
-            data.batch(loop.seed, 0, loop.batch_size),
-            sources=np.full(loop.batch_size, datagen.STUDENT, np.int32),
-        )
-        rng = jax.random.PRNGKey(loop.seed)
+        _, make = step_bench.onpolicy_batch_maker(models, tokenizer.eos_id, args.temperature)
         fns = {
             "trl_step": fns["trl_step"],
             "distillspec_step": step_bench.onpolicy_step(  # It donates its own copy.
@@ -257,8 +250,8 @@ def main(argv=None) -> dict:
                 args.temperature,
             ),  # fmt: skip
             "trl_generate": fns["trl_generate"],
-            "distillspec_sampling": lambda: step_bench._ready(
-                make(params, models.teacher_params, local, rng, present=(datagen.STUDENT,))
+            "distillspec_sampling": step_bench.sampling_call(
+                make, params, models.teacher_params, data, loop
             ),
         }
         print(f"measuring TRL against distillspec on {description}, batch {args.batch_size},"

@@ -186,14 +186,30 @@ def _utilisation(models: trainer.Models, ms: dict, batch, local, pretrain_shape)
     return {"matmul_gflops": round(gflops, 3), **flops.utilisation(counts, ms, gflops)}
 
 
+def onpolicy_batch_maker(models: trainer.Models, eos_id, temperature: float):
+    """(mixture, jitted batch maker) with every row sampled from the student at `temperature`."""
+    mixture = datagen.DataMixture(
+        fixed_data_fraction=0.0, student_data_fraction=1.0, temperature=temperature
+    )
+    return mixture, trainer.compile_step_batch(models, mixture, eos_id)
+
+
+def sampling_call(make, params, teacher_params, data, loop):
+    """() -> None: step 0's rows sampled from the student and packed by `make` (an
+    `onpolicy_batch_maker`), outputs ready."""
+    local = dict(
+        data.batch(loop.seed, 0, loop.batch_size),
+        sources=np.full(loop.batch_size, datagen.STUDENT, np.int32),
+    )
+    rng = jax.random.PRNGKey(loop.seed)
+    return lambda: _ready(make(params, teacher_params, local, rng, present=(datagen.STUDENT,)))
+
+
 def onpolicy_step(models: trainer.Models, params, data, eos_id, loop, loss, optimizer, temperature):
     """() -> None: one on-policy step of the training loop per call, `trainer._step_batch` with
     student samples of step s's prompts (s = 0, 1, ...), then the jitted full step, its state fed
     back (donated) as in training; each call ends with its outputs ready."""
-    mixture = datagen.DataMixture(
-        fixed_data_fraction=0.0, student_data_fraction=1.0, temperature=temperature
-    )
-    make = trainer.compile_step_batch(models, mixture, eos_id)
+    mixture, make = onpolicy_batch_maker(models, eos_id, temperature)
     kd_step = trainer.compile_train_step(models.student, models.teacher, loss, optimizer)
     state, steps = [trainer.init_state(params, optimizer)], itertools.count()
 
@@ -225,11 +241,8 @@ def measure(
     optimizer = trainer.make_optimizer(optimizer_config, TRAIN_STEPS)
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # Each donating chain owns its state.
     fixed = datagen.DataMixture(fixed_data_fraction=1.0)
-    onpolicy = datagen.DataMixture(
-        fixed_data_fraction=0.0, student_data_fraction=1.0, temperature=temperature
-    )
     make_fixed = trainer.compile_step_batch(models, fixed, eos_id)
-    make_onpolicy = trainer.compile_step_batch(models, onpolicy, eos_id)
+    _, make_onpolicy = onpolicy_batch_maker(models, eos_id, temperature)
     teacher_params = models.teacher_params
     rng = jax.random.PRNGKey(loop.seed)
 
@@ -266,9 +279,7 @@ def measure(
         "teacher_forward": lambda: _ready(teacher_forward(teacher_params, inputs, positions)),
         "student_fwd_bwd": student_fwd_bwd,
         "packing": lambda: _ready(make_fixed(params, teacher_params, as_fixed, rng, present=())),
-        "sampling": lambda: _ready(
-            make_onpolicy(params, teacher_params, as_student, rng, present=(datagen.STUDENT,))
-        ),
+        "sampling": sampling_call(make_onpolicy, params, teacher_params, data, loop),
         "batch_fixed": batch_fixed,
         "kd_step_fixed": kd_step_fixed,
         "kd_step_onpolicy": onpolicy_step(
