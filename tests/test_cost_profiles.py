@@ -139,3 +139,27 @@ def test_prompt_intervals_over_prompts():
     assert low < point < high and high - low > 1.0
     one = {name: {"prompt_seconds": m["prompt_seconds"][:1]} for name, m in measured.items()}
     assert prompt_intervals(one) == dict.fromkeys(out)
+
+
+def test_several_drafts_share_one_timing_of_the_target(monkeypatch):
+    from distillspec.evaluation import costs
+
+    built = []
+
+    def fake_timer(model, params, prompts, lengths, width, calls, max_new_tokens):
+        built.append((model, width))
+        seconds = {"target": 0.010 * (1 + 0.1 * (width - 1)), "a": 0.001, "b": 0.002}[model]
+        return lambda: seconds
+
+    monkeypatch.setattr(costs, "step_timer", fake_timer)
+    prompts, lengths = np.zeros((2, 4), np.int32), np.full(2, 4)
+    out = costs.measure_drafts("target", None, {"A": ("a", None), "B": ("b", None)}, prompts,
+                               lengths, [3, 5], max_new_tokens=8, repeats=3)  # fmt: skip
+    # The target's timers are built once per width (1, 4, 6) for both drafts; each draft once.
+    assert sorted(built, key=str) == sorted(
+        [("a", 1), ("b", 1), ("target", 1), ("target", 4), ("target", 6)], key=str
+    )
+    assert out["A"]["c"] == pytest.approx(0.1) and out["B"]["c"] == pytest.approx(0.2)
+    assert out["A"]["r_gamma"] == out["B"]["r_gamma"] == pytest.approx({3: 1.3, 5: 1.5})
+    single = costs.measure("target", None, "a", None, prompts, lengths, [3], 8, repeats=1)
+    assert single == {"c": pytest.approx(0.1), "r_gamma": {3: pytest.approx(1.3)}}

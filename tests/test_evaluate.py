@@ -250,6 +250,36 @@ def test_timing_interleaves_and_excludes_warmup():
     assert t_plain >= 0 and t_spec >= 0
 
 
+def test_one_plain_run_per_batch_serves_every_speculative_configuration():
+    calls = []
+    fn = lambda name: lambda i, b: calls.append((name, i)) or f"{name}{i}"
+    shape = {"prompt_tokens": np.zeros((2, 3))}
+    plain_out, spec_out, t_plain, t_spec = evaluation._measure_many(
+        fn("p"), {("d", 1): fn("a"), ("d", 3): fn("b")}, [shape, shape], 2
+    )
+    round_of = lambda i: [("p", i), ("a", i), ("b", i)]
+    # One warm-up round for the shape, then timing_repeats rounds per batch: plain once each.
+    assert calls == round_of(0) * 3 + round_of(1) * 2
+    assert plain_out == ["p0", "p1"]
+    assert spec_out == {("d", 1): ["a0", "a1"], ("d", 3): ["b0", "b1"]}
+    assert set(t_spec) == {("d", 1), ("d", 3)} and t_plain >= 0
+
+
+def test_the_grid_measured_together_gives_each_configurations_own_figures(setup):
+    # Measured one temperature's configurations at a time beside one plain decoding, each
+    # record's decoding figures equal those of a grid of that configuration alone.
+    model, params, prompts, drafts, records = setup
+    for name, gamma, temperature in [("noisy", 3, 1.0), ("noisy", 1, 0.0), ("same", 3, 0.0)]:
+        grid = GridConfig(gammas=(gamma,), temperatures=(temperature,), max_new_tokens=MAX_NEW,
+                          latency_prompts=0)  # fmt: skip
+        (alone,) = evaluation.evaluate_drafts(
+            model, params, {name: drafts[name]}, prompts, grid, eos_id=None
+        )
+        together = _find(records, name, gamma, temperature)
+        for key in ("alpha", "tau", "mean_tvd", "tau_theory", "alpha_ci95", "num_prompts"):
+            assert together[key] == pytest.approx(alone[key], abs=1e-12), key
+
+
 def test_timed_calls_run_with_the_garbage_collector_off():
     # A collection landing inside one timed call would add its pause to that call alone.
     assert gc.isenabled()
@@ -303,6 +333,15 @@ def test_latency_fields_by_hand_with_a_fake_clock(monkeypatch):
     }
     # One untimed warm-up for the one compiled shape, then 3 interleaved pairs per prompt.
     assert calls == [("plain", 0), ("spec", 0)] * 4 + [("plain", 1), ("spec", 1)] * 3
+    # Several configurations: the plain decoder once per prompt, each ratio to its time.
+    calls.clear()
+    fields, _, _ = evaluation.batch1_latencies(
+        fake("plain", 3.0), {"a": fake("a", 1.0), "b": fake("b", 2.0)}, singles, 1
+    )
+    assert calls == [("plain", 0), ("a", 0), ("b", 0)] * 2 + [("plain", 1), ("a", 1), ("b", 1)]
+    assert fields["a"]["latency_speedup"] == pytest.approx(3.0)
+    assert fields["b"]["latency_speedup"] == pytest.approx(1.5)
+    assert fields["a"]["target_latency_ms"] == fields["b"]["target_latency_ms"]
     none, _, _ = evaluation.batch1_latency(fake("plain", 3.0), fake("spec", 1.0), [], 3)
     assert none == dict(latency_speedup=None, latency_ms=None, target_latency_ms=None,
                         latency_prompts=0)  # fmt: skip

@@ -71,6 +71,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec import console
 from distillspec.benchmarks import emit
 from distillspec.decoding import DecodeResult, generate, speculative_generate
 from distillspec.evaluation.timing import (
@@ -274,6 +275,7 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats:
         "draft_mb": round(megabytes(draft_params), 1),
         "pair": description,
         "backend": jax.default_backend(),
+        "huge_pages": console.huge_pages_on(),
     }
 
 

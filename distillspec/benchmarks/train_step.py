@@ -73,7 +73,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec import datagen, tasks, teacher_cache, trainer
+from distillspec import console, datagen, tasks, teacher_cache, trainer
 from distillspec.benchmarks import emit, flops
 from distillspec.evaluation.timing import interleaved_items, megabytes
 from distillspec.models import DecoderOnlyLM, TransformerConfig, load_checkpoint
@@ -398,6 +398,7 @@ def context(args, description: str) -> dict:
         "models": description,
         "task": args.task,
         "backend": jax.default_backend(),
+        "huge_pages": console.huge_pages_on(),
     }
 
 

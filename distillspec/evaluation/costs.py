@@ -17,7 +17,7 @@ import json
 import math
 import os
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,20 @@ def measure_profile(
     target call scoring w positions}, 'draft_ms': {w: ms per draft call}}, the medians of
     `repeats` interleaved timings. A call whose timer came out <= 0 (a loaded machine) is None,
     never a made-up number. `profile_costs` prices decoding runs with it."""
+    return measure_profiles(
+        target, target_params, {None: (draft, draft_params)}, prompts, lengths, widths,
+        max_new_tokens, repeats, draft_widths,
+    )[None]  # fmt: skip
+
+
+def measure_profiles(
+    target, target_params, drafts: Mapping[Any, tuple[Any, Any]], prompts, lengths,
+    widths: Sequence[int], max_new_tokens: int, repeats: int = REPEATS,
+    draft_widths: Sequence[int] = (1,),
+) -> dict[Any, dict[str, Any]]:  # fmt: skip
+    """`measure_profile` of every draft of {name: (model, params)} against one target, whose
+    calls are timed once for them all (each draft's profile holds the same 'target_ms'): the
+    target's timers are the costly part, compiled and run once per width."""
     first = np.asarray(prompts)[:1], np.asarray(lengths)[:1]
     # Each timer's long loop fills a run's cache (max_new_tokens positions), at least CALLS calls:
     # 9 calls of a 0.14 M-parameter draft differ from 1 call by ~0.3 ms, within a quiet 2-core
@@ -50,17 +64,23 @@ def measure_profile(
     timer = lambda model, params, width: step_timer(
         model, params, *first, width, max(CALLS, max_new_tokens // width), max_new_tokens
     )
-    timers = {("draft_ms", w): timer(draft, draft_params, w) for w in draft_widths}
-    timers.update({("target_ms", w): timer(target, target_params, w) for w in sorted(widths)})
+    timers = {
+        (name, w): timer(draft, draft_params, w)
+        for name, (draft, draft_params) in drafts.items()
+        for w in draft_widths
+    }
+    timers.update({("target", w): timer(target, target_params, w) for w in sorted(widths)})
     seconds: dict[tuple, list[float]] = {key: [] for key in timers}
     for _ in range(repeats):
         for key, fn in timers.items():
             seconds[key].append(fn())
-    profile: dict[str, Any] = {"target_ms": {}, "draft_ms": {}}
-    for (kind, width), s in seconds.items():
-        ms = 1e3 * statistics.median(s)
-        profile[kind][width] = ms if ms > 0 else None
-    return profile
+    ms = {key: 1e3 * statistics.median(s) for key, s in seconds.items()}
+    ms = {key: value if value > 0 else None for key, value in ms.items()}
+    target_ms = {w: ms["target", w] for w in sorted(widths)}
+    return {
+        name: {"target_ms": dict(target_ms), "draft_ms": {w: ms[name, w] for w in draft_widths}}
+        for name in drafts
+    }
 
 
 def measure(
@@ -69,15 +89,29 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     """{'c': float, 'r_gamma': {gamma: float}} at batch 1 on the first prompt of prompts [B, P]
     (`measure_profile`'s ratios). A ratio whose timers came out <= 0 is None."""
+    return measure_drafts(
+        target, target_params, {None: (draft, draft_params)}, prompts, lengths, gammas,
+        max_new_tokens, repeats,
+    )[None]  # fmt: skip
+
+
+def measure_drafts(
+    target, target_params, drafts: Mapping[Any, tuple[Any, Any]], prompts, lengths,
+    gammas: Sequence[int], max_new_tokens: int, repeats: int = REPEATS,
+) -> dict[Any, dict[str, Any]]:  # fmt: skip
+    """`measure` of every draft of {name: (model, params)}, the target timed once for all."""
     widths = [1] + [gamma + 1 for gamma in gammas]
-    profile = measure_profile(target, target_params, draft, draft_params, prompts, lengths,
-                              widths, max_new_tokens, repeats)  # fmt: skip
-    one = profile["target_ms"][1]
-    ratio = lambda x: x / one if x and one else None
-    return {
-        "c": ratio(profile["draft_ms"][1]),
-        "r_gamma": {gamma: ratio(profile["target_ms"][gamma + 1]) for gamma in gammas},
-    }
+    profiles = measure_profiles(target, target_params, drafts, prompts, lengths, widths,
+                                max_new_tokens, repeats)  # fmt: skip
+    out = {}
+    for name, profile in profiles.items():
+        one = profile["target_ms"][1]
+        ratio = lambda x, one=one: x / one if x and one else None
+        out[name] = {
+            "c": ratio(profile["draft_ms"][1]),
+            "r_gamma": {gamma: ratio(profile["target_ms"][gamma + 1]) for gamma in gammas},
+        }
+    return out
 
 
 def synthetic_profile(c: float, r_gamma: float, gamma: int = 5, max_width: int = 65) -> dict:

@@ -11,11 +11,13 @@ the plain target decoder and with the speculative decoder and returns one flat r
                with the record's temperature (T = 0: one-hot argmax, so TVD = [argmaxes differ])
   tau_theory = (1 - a^(gamma+1)) / (1 - a) with a = 1 - mean_tvd  (DistillSpec Fig. 3c)
   speedup    = (spec tokens / spec time) / (plain tokens / plain time), timed in this process,
-               compilation excluded, plain and speculative calls interleaved batch by batch:
+               compilation excluded, plain and speculative calls interleaved batch by batch
+               (per batch: one plain run, then every (draft, gamma) of the temperature):
                the batch *throughput* speed-up at the prompt batches' size.
   latency_ms, target_latency_ms: ms per generated token of speculative and plain decoding at
                batch 1 over the first `latency_prompts` valid prompts, one prompt at a time,
-               interleaved prompt by prompt, compilation excluded (None with latency_prompts 0)
+               interleaved prompt by prompt the same way, compilation excluded (None with
+               latency_prompts 0); the target's figure is the same in a temperature's records
   latency_speedup = target_latency_ms / latency_ms: the batch-1 *latency* speed-up, the figure
                DistillSpec and DISCO report
 
@@ -221,17 +223,34 @@ def _batch_shape(item: tuple) -> tuple[int, ...]:
     return np.shape(item[1]["prompt_tokens"])
 
 
+_PLAIN = object()  # The plain decoder's key among the speculative ones' in `_measure_many`.
+
+
 def _measure(plain_fn, spec_fn, batches, timing_repeats: int):
     """Runs both decoders on every batch: warm-up per distinct shape (not timed), then
     timing_repeats interleaved (plain, spec) pairs per batch; per-batch median times.
 
     Returns (plain results, spec results, plain seconds, spec seconds).
     """
+    plain, spec, t_plain, t_spec = _measure_many(plain_fn, {0: spec_fn}, batches, timing_repeats)
+    return plain, spec[0], t_plain, t_spec[0]
+
+
+def _measure_many(plain_fn, spec_fns: Mapping, batches, timing_repeats: int):
+    """`_measure` of one plain decoder against several speculative ones {key: fn}: on every
+    batch the plain decoder runs once, then each speculative one, so every ratio to the plain
+    time is still measured side by side while the plain decoding (the same for all of them)
+    runs once per batch instead of once per speculative decoder.
+
+    Returns (plain results, {key: spec results}, plain seconds, {key: spec seconds}).
+    """
     results, seconds = interleaved_items(
-        {"plain": plain_fn, "spec": spec_fn}, list(enumerate(batches)), timing_repeats,
-        _batch_shape,
+        {_PLAIN: plain_fn, **spec_fns}, list(enumerate(batches)), timing_repeats, _batch_shape
+    )
+    return (
+        results[_PLAIN], {k: results[k] for k in spec_fns}, seconds[_PLAIN],
+        {k: seconds[k] for k in spec_fns},
     )  # fmt: skip
-    return results["plain"], results["spec"], seconds["plain"], seconds["spec"]
 
 
 def latency_batches(batches, latency_prompts: int | None) -> list[dict[str, np.ndarray]]:
@@ -257,20 +276,31 @@ def batch1_latency(plain_fn, spec_fn, singles, timing_repeats: int):
       (fields, plain results, spec results): fields are latency_ms, target_latency_ms (ms per
       generated token), latency_speedup and latency_prompts (all None without prompts).
     """
+    fields, plain, spec = batch1_latencies(plain_fn, {0: spec_fn}, singles, timing_repeats)
+    return fields[0], plain, spec[0]
+
+
+def batch1_latencies(plain_fn, spec_fns: Mapping, singles, timing_repeats: int):
+    """`batch1_latency` of one plain decoder against several speculative ones {key: fn}, the
+    plain one run once per prompt (`_measure_many`). Returns ({key: fields}, plain results,
+    {key: spec results})."""
     if not singles:
         fields = dict(
             latency_speedup=None, latency_ms=None, target_latency_ms=None, latency_prompts=0
         )
-        return fields, [], []
-    plain, spec, t_plain, t_spec = _measure(plain_fn, spec_fn, singles, timing_repeats)
+        return {k: dict(fields) for k in spec_fns}, [], {k: [] for k in spec_fns}
+    plain, spec, t_plain, t_spec = _measure_many(plain_fn, spec_fns, singles, timing_repeats)
     count = lambda results: max(sum(int(np.sum(r.lengths)) for r in results), 1)
-    latency, target_latency = 1e3 * t_spec / count(spec), 1e3 * t_plain / count(plain)
-    fields = {
-        "latency_speedup": target_latency / max(latency, 1e-12),
-        "latency_ms": latency,
-        "target_latency_ms": target_latency,
-        "latency_prompts": len(singles),
-    }
+    target_latency = 1e3 * t_plain / count(plain)
+    fields = {}
+    for key in spec_fns:
+        latency = 1e3 * t_spec[key] / count(spec[key])
+        fields[key] = {
+            "latency_speedup": target_latency / max(latency, 1e-12),
+            "latency_ms": latency,
+            "target_latency_ms": target_latency,
+            "latency_prompts": len(singles),
+        }
     return fields, plain, spec
 
 
@@ -382,55 +412,52 @@ def evaluate_drafts(
     common = dict(max_new_tokens=grid.max_new_tokens, eos_id=eos_id, vocab_size=vocab_size)
     singles = latency_batches(batches, grid.latency_prompts)
     records, tvd_cache = [], {}
-    costs = {
-        name: call_costs.measure(
-            target,
-            target_params,
-            draft,
-            draft_params,
-            batches[0]["prompt_tokens"],
-            batches[0]["prompt_lengths"],
-            grid.gammas,
-            grid.max_new_tokens,
-        )  # fmt: skip
-        for name, (draft, draft_params) in drafts.items()
-    }
+    costs = call_costs.measure_drafts(
+        target, target_params, drafts, batches[0]["prompt_tokens"],
+        batches[0]["prompt_lengths"], grid.gammas, grid.max_new_tokens,
+    )  # fmt: skip
     total = len(drafts) * len(grid.gammas) * len(grid.temperatures)
     for temperature in grid.temperatures:
         sampling = SamplingConfig(temperature=temperature)
         plain_fn = functools.partial(plain_call, target, target_params, base_rng, sampling, common)
-        for name, (draft, draft_params) in drafts.items():
-            for gamma in grid.gammas:
-                spec_fn = functools.partial(
-                    spec_call, target, draft, target_params, draft_params, base_rng, sampling,
-                    dict(common, gamma=gamma),
+        spec_fns = {
+            (name, gamma): functools.partial(
+                spec_call, target, draft, target_params, draft_params, base_rng, sampling,
+                dict(common, gamma=gamma),
+            )
+            for name, (draft, draft_params) in drafts.items()
+            for gamma in grid.gammas
+        }  # fmt: skip
+        # Every configuration of this temperature side by side with one plain decoding per batch
+        # (and per batch-1 prompt): the plain decoder's output and time are the same for all.
+        plain, specs, t_plain, t_specs = _measure_many(
+            plain_fn, spec_fns, batches, grid.timing_repeats
+        )
+        latencies = batch1_latencies(plain_fn, spec_fns, singles, grid.timing_repeats)[0]
+        for (name, gamma), spec in specs.items():
+            draft, draft_params = drafts[name]
+            if (name, temperature) not in tvd_cache:  # Depends on neither gamma nor timing.
+                tvd_cache[name, temperature] = mean_tvd(
+                    target, target_params, draft, draft_params, batches, plain, sampling,
+                    vocab_size,
                 )  # fmt: skip
-                plain, spec, t_plain, t_spec = _measure(
-                    plain_fn, spec_fn, batches, grid.timing_repeats
-                )
-                if (name, temperature) not in tvd_cache:  # Depends on neither gamma nor timing.
-                    tvd_cache[name, temperature] = mean_tvd(
-                        target, target_params, draft, draft_params, batches, plain, sampling,
-                        vocab_size,
-                    )  # fmt: skip
-                record = _record(
-                    plain, spec, t_plain, t_spec, batches, tvd_cache[name, temperature], gamma
-                )
-                record.update(batch1_latency(plain_fn, spec_fn, singles, grid.timing_repeats)[0])
-                record = {"draft": name, "gamma": gamma, "temperature": temperature, **record}
-                c, r_gamma = costs[name]["c"], costs[name]["r_gamma"][gamma]
-                ideal = call_costs.ideal_speedup(record["tau"], gamma, c, r_gamma)
-                record.update(c=c, r_gamma=r_gamma, speedup_ideal=ideal)
-                record.update(task=task, split=split, max_new_tokens=grid.max_new_tokens)
-                record = {key: record[key] for key in RECORD_KEYS}  # Fixed key order.
-                if grid.per_prompt:
-                    tokens = _valid_rows(spec, "lengths", batches)
-                    calls = _valid_rows(spec, "target_calls", batches)
-                    record["tau_per_prompt"] = (tokens / np.maximum(calls, 1.0)).tolist()
-                records.append(record)
-                _report_progress(
-                    record, len(records), total, np.shape(batches[0]["prompt_tokens"])[0]
-                )
+            record = _record(
+                plain, spec, t_plain, t_specs[name, gamma], batches,
+                tvd_cache[name, temperature], gamma,
+            )  # fmt: skip
+            record.update(latencies[name, gamma])
+            record = {"draft": name, "gamma": gamma, "temperature": temperature, **record}
+            c, r_gamma = costs[name]["c"], costs[name]["r_gamma"][gamma]
+            ideal = call_costs.ideal_speedup(record["tau"], gamma, c, r_gamma)
+            record.update(c=c, r_gamma=r_gamma, speedup_ideal=ideal)
+            record.update(task=task, split=split, max_new_tokens=grid.max_new_tokens)
+            record = {key: record[key] for key in RECORD_KEYS}  # Fixed key order.
+            if grid.per_prompt:
+                tokens = _valid_rows(spec, "lengths", batches)
+                calls = _valid_rows(spec, "target_calls", batches)
+                record["tau_per_prompt"] = (tokens / np.maximum(calls, 1.0)).tolist()
+            records.append(record)
+            _report_progress(record, len(records), total, np.shape(batches[0]["prompt_tokens"])[0])
     for name in drafts:
         taus = {}
         for r in records:
