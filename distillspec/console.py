@@ -7,12 +7,13 @@ SentencePiece logs "precompiled_charsmap is empty" each time a model loads. None
 the run. `quiet_startup` silences them unless the command line says --verbose; it must run
 before anything imports TensorFlow, so the entry modules call it first.
 
-It also restarts an entry point (`python -m distillspec.<run>`) once, before those imports, with
-glibc's malloc asked to back the C heap with transparent huge pages (`huge_pages_environment`):
-XLA:CPU allocates each program's buffers afresh per call, and on a kernel whose huge pages are
-opt-in (`madvise`, the common default) every call then faults in and zeroes 4 KiB pages one at a
-time. Measured on the main job's pair (docs/benchmarks.md): the target's pretraining step 14%
-faster, the student's step 25% faster, the matmul reference rate up 60%.
+It also restarts an entry point (`python -m distillspec.<run>`, `python scripts/<name>.py`)
+once, before those imports, with glibc's malloc asked to back the C heap with transparent huge
+pages (`huge_pages_environment`): XLA:CPU allocates each program's buffers afresh per call, and
+on a kernel whose huge pages are opt-in (`madvise`, the common default) every call then faults
+in and zeroes 4 KiB pages one at a time (87 M page faults, 154 s of system time in one main
+job). DISTILLSPEC_HUGE_PAGES=0 keeps the process as launched. What it gains:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -116,16 +117,22 @@ def restart_with_huge_pages(argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, *argv[1:]], environ)
 
 
+SCRIPTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+
+
 def _launched_as_entry_point(argv: list[str]) -> bool:
-    """Whether the interpreter's own command line (sys.orig_argv) runs `-m distillspec...`."""
+    """Whether the interpreter's own command line (sys.orig_argv) runs `-m distillspec...` or a
+    script of this repository's scripts/ (e.g. `python scripts/versus_trl.py`)."""
     options = iter(argv[1:])
     for option in options:
         if option in ("-X", "-W"):  # The interpreter's options that take a value.
             next(options, None)
         elif option == "-m":
             return next(options, "").startswith("distillspec.")
-        elif not option.startswith("-") or option == "-c":
+        elif option == "-c":
             return False
+        elif not option.startswith("-"):  # A script's path.
+            return os.path.dirname(os.path.abspath(option)) == SCRIPTS_DIR
     return False
 
 
@@ -137,8 +144,9 @@ def quiet_startup(argv: list[str] | None = None) -> bool:
     from reserving memory JAX needs), and turns TensorFlow's, absl's and SentencePiece's logs
     down to errors. Returns whether the run is verbose.
 
-    Launched as `python -m distillspec.<run>`, the process first restarts itself once with huge
-    pages for the C heap (`restart_with_huge_pages`; see the module docstring).
+    Launched as `python -m distillspec.<run>` (or a script of scripts/), the process first
+    restarts itself once with huge pages for the C heap (`restart_with_huge_pages`; see the
+    module docstring).
     """
     global _quiet
     if _launched_as_entry_point(sys.orig_argv):

@@ -40,13 +40,18 @@ import shutil
 import tempfile
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax._src.profiler import ProfileData
+from distillspec import console
 
-from distillspec import datagen, trainer
-from distillspec.models import DecoderOnlyLM, TransformerConfig
+if __name__ == "__main__":  # As the trainer's processes start: huge pages for the C heap.
+    console.quiet_startup()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax._src.profiler import ProfileData  # noqa: E402
+
+from distillspec import datagen, trainer  # noqa: E402
+from distillspec.models import DecoderOnlyLM, TransformerConfig  # noqa: E402
 
 TARGET = TransformerConfig(
     vocab_size=2048, embed_dim=256, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=64,

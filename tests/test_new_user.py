@@ -193,7 +193,9 @@ def test_huge_pages_are_asked_for_only_where_they_change_something(environ, glib
         (["python", "-X", "dev", "-m", "distillspec.benchmarks.disco"], True),
         (["python", "-m", "pytest", "-m", "distillspec.slow"], False),  # pytest's -m: a marker.
         (["python", "-c", "import distillspec"], False),
-        (["python", "scripts/versus_trl.py"], False),
+        (["python", str(REPO / "scripts" / "versus_trl.py")], True),
+        (["python", str(REPO / "tests" / "test_new_user.py")], False),
+        (["python", "other/versus_trl.py"], False),
     ],
 )
 def test_only_the_packages_entry_points_restart(argv, entry):
