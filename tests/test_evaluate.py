@@ -265,7 +265,7 @@ def test_one_plain_run_per_batch_serves_every_speculative_configuration():
     assert set(t_spec) == {("d", 1), ("d", 3)} and t_plain >= 0
 
 
-def test_the_grid_measured_together_gives_each_configurations_own_figures(setup):
+def test_the_grid_measured_together_gives_each_configurations_own_figures(setup, capsys):
     # Measured one temperature's configurations at a time beside one plain decoding, each
     # record's decoding figures equal those of a grid of that configuration alone.
     model, params, prompts, drafts, records = setup
@@ -278,6 +278,11 @@ def test_the_grid_measured_together_gives_each_configurations_own_figures(setup)
         together = _find(records, name, gamma, temperature)
         for key in ("alpha", "tau", "mean_tvd", "tau_theory", "alpha_ci95", "num_prompts"):
             assert together[key] == pytest.approx(alone[key], abs=1e-12), key
+    # Each temperature's measurement says what it decodes before it starts (one line).
+    assert (
+        "[evaluate] T=0: decoding 1 configurations (1 drafts x 1 gammas) beside the plain "
+        "target on 2 batches, then 0 prompts at batch 1" in capsys.readouterr().err
+    )
 
 
 def test_timed_calls_run_with_the_garbage_collector_off():

@@ -430,6 +430,12 @@ def evaluate_drafts(
         }  # fmt: skip
         # Every configuration of this temperature side by side with one plain decoding per batch
         # (and per batch-1 prompt): the plain decoder's output and time are the same for all.
+        print(
+            f"[evaluate] T={temperature:g}: decoding {len(spec_fns)} configurations "
+            f"({len(drafts)} drafts x {len(grid.gammas)} gammas) beside the plain target on "
+            f"{len(batches)} batches, then {len(singles)} prompts at batch 1",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
         plain, specs, t_plain, t_specs = _measure_many(
             plain_fn, spec_fns, batches, grid.timing_repeats
         )
