@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from distillspec import plots, tables
+from distillspec import plots, seed_spread, tables
 from distillspec.records import RECORDS_FILE, read_jsonl
 from distillspec.study import report as study_report
 
@@ -145,7 +145,7 @@ def quality_spread(runs: Sequence[Sequence[dict]]) -> list[dict]:
     for (task, split, model), records in groups.items():
         row = {"task": task, "split": split, "model": model, "seeds": len(records)}
         for metric in QUALITY_METRICS:
-            row[metric], row[f"{metric}_sd"] = tables.mean_sd([r[metric] for r in records])
+            row[metric], row[f"{metric}_sd"] = seed_spread.mean_sd([r[metric] for r in records])
         rows.append(row)
     return rows
 
@@ -186,7 +186,7 @@ def seeds_page(args: argparse.Namespace, out_dir: str) -> str | None:
         "Runs, one per seed: " + ", ".join(f"`{d}`" for d in args.seeds) + ".",
         "Mean ± standard deviation over the seeds; *Gain > 2 sd*: whether the mean τ gain "
         "exceeds twice its standard deviation.",
-        tables.to_markdown(tables.seed_spread_table(runs)),
+        tables.to_markdown(seed_spread.seed_spread_table(runs)),
     ]
     if all(quality):
         parts += ["Each model's quality, mean ± sd:", tables.to_markdown(quality_spread(quality))]

@@ -5,7 +5,7 @@
     done
     python scripts/seed_spread.py runs/seed0 runs/seed1 runs/seed2 --out_dir runs/seeds
 
-Writes seeds.md and seeds.csv (`distillspec.tables.seed_spread_table`: alpha, tau and the tau
+Writes seeds.md and seeds.csv (`distillspec.seed_spread.seed_spread_table`: alpha, tau and the tau
 ratio distilled / standard per task, temperature and gamma, and whether the gain exceeds twice
 its standard deviation over seeds), and quality.md (each model's NLL, distinct-4 and looping
 share, mean ± standard deviation), and prints them. `python -m distillspec.report --seeds ...`
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from distillspec import tables
+from distillspec import seed_spread, tables
 from distillspec.records import RECORDS_FILE, read_jsonl
 from distillspec.report import quality_spread
 
@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--out_dir", default="runs/seeds")
     args = parser.parse_args()
     grid = [read_jsonl(os.path.join(d, RECORDS_FILE)) for d in args.runs]
-    rows = tables.seed_spread_table(grid)
+    rows = seed_spread.seed_spread_table(grid)
     print(tables.write_markdown(rows, os.path.join(args.out_dir, "seeds.md")))
     tables.write_csv(rows, os.path.join(args.out_dir, "seeds.csv"))
     quality = [read_jsonl(os.path.join(d, "quality.jsonl")) for d in args.runs]

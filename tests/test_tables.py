@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from distillspec import tables
+from distillspec import seed_spread, tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ def test_seed_spread_table_means_and_standard_deviations():
     scale = lambda records, f: [dict(r, tau=r["tau"] * f if r["draft"] == "distilled" else r["tau"])
                                 for r in records]  # fmt: skip
     runs = [scale(RECORDS, 1.0), scale(RECORDS, 1.1), scale(RECORDS, 0.9)]
-    rows = tables.seed_spread_table(runs)
+    rows = seed_spread.seed_spread_table(runs)
     first = rows[0]  # T = 0, gamma 3: standard 2.31 every seed, distilled 2.62 * (1, 1.1, 0.9).
     assert first["seeds"] == 3 and first["tau_baseline"] == pytest.approx(2.31)
     assert first["tau_baseline_sd"] == pytest.approx(0.0)
@@ -67,10 +67,10 @@ def test_seed_spread_table_means_and_standard_deviations():
     assert first["tau_ratio"] == pytest.approx(2.62 / 2.31)
     # Gain 0.31 against a spread of 0.262 over seeds: not more than twice the spread.
     assert first["gain_exceeds_spread"] is False
-    tight = tables.seed_spread_table([scale(RECORDS, 1.0), scale(RECORDS, 1.01)])
+    tight = seed_spread.seed_spread_table([scale(RECORDS, 1.0), scale(RECORDS, 1.01)])
     assert tight[0]["gain_exceeds_spread"] is True
     assert "2.62 ± 0.26" in tables.to_markdown(rows)
-    single = tables.seed_spread_table(runs[:1])[0]  # One seed: no spread, no claim.
+    single = seed_spread.seed_spread_table(runs[:1])[0]  # One seed: no spread, no claim.
     assert math.isnan(single["tau_distilled_sd"]) and single["gain_exceeds_spread"] is False
 
 

@@ -411,7 +411,7 @@ def evaluate_drafts(
     base_rng = jax.random.PRNGKey(grid.seed)
     common = dict(max_new_tokens=grid.max_new_tokens, eos_id=eos_id, vocab_size=vocab_size)
     singles = latency_batches(batches, grid.latency_prompts)
-    records, tvd_cache = [], {}
+    records = []
     costs = call_costs.measure_drafts(
         target, target_params, drafts, batches[0]["prompt_tokens"],
         batches[0]["prompt_lengths"], grid.gammas, grid.max_new_tokens,
@@ -440,17 +440,13 @@ def evaluate_drafts(
             plain_fn, spec_fns, batches, grid.timing_repeats
         )
         latencies = batch1_latencies(plain_fn, spec_fns, singles, grid.timing_repeats)[0]
+        tvds = {  # Along the target's own outputs: depends on neither gamma nor timing.
+            name: mean_tvd(target, target_params, draft, draft_params, batches, plain, sampling,
+                           vocab_size)
+            for name, (draft, draft_params) in drafts.items()
+        }  # fmt: skip
         for (name, gamma), spec in specs.items():
-            draft, draft_params = drafts[name]
-            if (name, temperature) not in tvd_cache:  # Depends on neither gamma nor timing.
-                tvd_cache[name, temperature] = mean_tvd(
-                    target, target_params, draft, draft_params, batches, plain, sampling,
-                    vocab_size,
-                )  # fmt: skip
-            record = _record(
-                plain, spec, t_plain, t_specs[name, gamma], batches,
-                tvd_cache[name, temperature], gamma,
-            )  # fmt: skip
+            record = _record(plain, spec, t_plain, t_specs[name, gamma], batches, tvds[name], gamma)
             record.update(latencies[name, gamma])
             record = {"draft": name, "gamma": gamma, "temperature": temperature, **record}
             c, r_gamma = costs[name]["c"], costs[name]["r_gamma"][gamma]
