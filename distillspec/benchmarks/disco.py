@@ -203,8 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--pair trained: prompts of its train, validation, test")  # fmt: skip
     parser.add_argument("--vocabulary", help="--pair trained: tokenizer (default: the target's)")
     parser.add_argument("--train_prompts", type=int, default=128)
-    parser.add_argument("--validation_prompts", type=int, default=6)
-    parser.add_argument("--test_prompts", type=int, default=12)
+    parser.add_argument("--validation_prompts", type=int, default=12)
+    parser.add_argument("--test_prompts", type=int, default=24)
     parser.add_argument("--prompt_length", type=int, default=16)
     parser.add_argument("--max_new_tokens", type=int, default=32)
     parser.add_argument("--draft_layers", type=int, default=1)
