@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 RECORDS_FILE = "records.jsonl"
@@ -96,3 +96,38 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             logging.warning("Ignoring a torn last line in %s: %r", path, torn[:200])
     return records
+
+
+# The plain target's batch-1 ms per token may differ this much between temperatures (sampling
+# at T > 0 costs ~10% more than argmax on a 2-core CPU) before its timings count as disturbed.
+PLAIN_LATENCY_SPREAD = 1.3
+
+
+def timing_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What in one eval set's records says the machine's speed changed while they were timed:
+    a verify call of gamma + 1 positions measured more than 10% cheaper than one of 1 position
+    (r_gamma < 0.9), or the plain target's batch-1 latency (the same program at every
+    temperature) differing by more than PLAIN_LATENCY_SPREAD between temperatures. Each
+    speed-up is still a ratio of runs interleaved prompt by prompt, but a slow stretch can hit
+    the memory-bound plain decoding harder than the speculative one, inflating it."""
+    warnings = []
+    low = {(r["draft"], r["gamma"]): r["r_gamma"] for r in records
+           if r.get("r_gamma") is not None and r["r_gamma"] < 0.9}  # fmt: skip
+    for name in dict.fromkeys(draft for draft, _ in low):
+        shown = ", ".join(f"{v:.2f} at gamma {g}" for (d, g), v in sorted(low.items()) if d == name)
+        warnings.append(
+            f"draft {name!r}: r_gamma {shown} (a wider target call timed cheaper than one "
+            "position): the cost figures c, r_gamma and speedup_ideal are unreliable; rerun on "
+            "a quiet machine"
+        )
+    plain = {
+        r["temperature"]: r["target_latency_ms"] for r in records if r.get("target_latency_ms")
+    }
+    if plain and max(plain.values()) > PLAIN_LATENCY_SPREAD * min(plain.values()):
+        shown = ", ".join(f"{ms:.3f} ms at T={t:g}" for t, ms in sorted(plain.items()))
+        warnings.append(
+            f"the plain target's batch-1 latency per token differs between temperatures ({shown}"
+            f"; more than {PLAIN_LATENCY_SPREAD}x): the machine's speed changed while timing, "
+            "so the batch-1 latency speed-ups are unreliable; rerun on a quiet machine"
+        )
+    return warnings

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from distillspec import plots, seed_spread, tables
-from distillspec.records import RECORDS_FILE, read_jsonl
+from distillspec.records import RECORDS_FILE, read_jsonl, timing_warnings
 from distillspec.study import report as study_report
 
 QUALITY_FILE = "quality.jsonl"
@@ -168,6 +168,15 @@ def quickstart_page(args: argparse.Namespace, out_dir: str) -> str | None:
     parts = [
         f"Records: `{args.quickstart}`. Summary (what the quickstart prints last):",
         "```\n" + tables.terminal_summary(grid, table_path) + "\n```",
+    ]
+    sets = {}  # One eval set's records, as the run checked them.
+    for r in grid:
+        sets.setdefault(f"{r.get('task')}/{r.get('split')}", []).append(r)
+    warnings = [f"- {name}: {w}" for name, rows in sets.items() for w in timing_warnings(rows)]
+    if warnings:  # What the run printed as `[evaluate] warning`, from the same records.
+        parts += ["**Timing warnings** (the speed-ups they name are unreliable):\n\n"
+                  + "\n".join(warnings)]  # fmt: skip
+    parts += [
         "Table C.1, every γ (α and τ with their 95% interval over prompts):",
         tables.to_markdown(tables.records_to_table(grid)),
         _figure(grid, tables.plot_tau_vs_gamma, out_dir, "quickstart_tau_vs_gamma.png"),

@@ -640,19 +640,17 @@ def test_disturbed_timings_are_named_not_passed_silently():
     """A verify call timed cheaper than one position, or a plain target whose batch-1 latency
     jumps between temperatures (a slow stretch of the machine, seen on a 2-core VM: 1.19 against
     0.36 ms per token), each give a warning naming the values; consistent timings none."""
-    steady = {"standard": {"c": 0.07, "r_gamma": {3: 1.4, 5: 2.0}}}
-    records = [
-        {"temperature": 0.0, "target_latency_ms": 0.33},
-        {"temperature": 1.0, "target_latency_ms": 0.36},
-    ]
-    assert evaluation.timing_warnings(records, steady) == []
-    disturbed = {"standard": {"c": 0.011, "r_gamma": {3: 0.62, 5: 1.1}}}
-    (cost,) = evaluation.timing_warnings(records, disturbed)
+
+    def record(temperature, target_ms, gamma=3, r_gamma=1.4):
+        return {"draft": "standard", "gamma": gamma, "temperature": temperature,
+                "target_latency_ms": target_ms, "r_gamma": r_gamma}  # fmt: skip
+
+    steady = [record(0.0, 0.33), record(1.0, 0.36), record(0.0, 0.33, 5, 2.0)]
+    assert records.timing_warnings(steady) == []
+    disturbed = [record(0.0, 0.33, 3, 0.62), record(1.0, 0.36, 3, 0.62), record(0.0, 0.33, 5)]
+    (cost,) = records.timing_warnings(disturbed)
     assert "'standard'" in cost and "0.62 at gamma 3" in cost and "gamma 5" not in cost
-    records[0]["target_latency_ms"] = 1.19
-    (plain,) = evaluation.timing_warnings(records, steady)
+    (plain,) = records.timing_warnings([record(0.0, 1.19), record(1.0, 0.36)])
     assert "1.190 ms at T=0" in plain and "0.360 ms at T=1" in plain and "speed-ups" in plain
-    # Unmeasured latencies (no batch-1 prompts) are not compared.
-    assert (
-        evaluation.timing_warnings([{"temperature": 0.0, "target_latency_ms": None}], steady) == []
-    )
+    # Unmeasured latencies (no batch-1 prompts) and costs are not compared.
+    assert records.timing_warnings([record(0.0, None, r_gamma=None)]) == []

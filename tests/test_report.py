@@ -88,6 +88,23 @@ def test_a_page_is_stamped_and_shows_the_records_figures(tmp_path):
     assert "| target |" in page  # Quality.
 
 
+def test_the_main_job_page_names_timings_that_disagree_with_themselves(tmp_path):
+    run = _quickstart(tmp_path / "qs")
+    report.main(_argv(tmp_path, "--quickstart", run))
+    assert "Timing warnings" not in (tmp_path / "results" / "quickstart.md").read_text()
+    path = tmp_path / "qs" / "records.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in rows:  # A slow stretch while T=0 was timed: the plain target 3x slower.
+        if "policy" not in r:
+            r["target_latency_ms"] = 1.2 if r["temperature"] == 0.0 else 0.4
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report.main(_argv(tmp_path, "--quickstart", run))
+    page = (tmp_path / "results" / "quickstart.md").read_text()
+    assert "**Timing warnings**" in page
+    assert "- stdlib_code/test: the plain target's batch-1 latency" in page
+    assert "1.200 ms at T=0, 0.400 ms at T=1" in page
+
+
 def test_seed_spread_needs_two_runs_and_gives_mean_and_sd(tmp_path):
     runs = [_quickstart(tmp_path / f"s{i}", gain) for i, gain in enumerate((1.2, 1.4))]
     assert not report.main(_argv(tmp_path, "--seeds", runs[0]))["seeds.md"]

@@ -44,6 +44,7 @@ from distillspec.decoding import DecodeResult, generate, speculative_generate
 from distillspec.evaluation import costs as call_costs
 from distillspec.evaluation.timing import interleaved_items
 from distillspec.feature_converters import decodable, valid_rows
+from distillspec.records import timing_warnings
 from distillspec.sampling import SamplingConfig, logits_to_probs
 
 RECORD_KEYS = (
@@ -460,7 +461,7 @@ def evaluate_drafts(
                 record["tau_per_prompt"] = (tokens / np.maximum(calls, 1.0)).tolist()
             records.append(record)
             _report_progress(record, len(records), total, np.shape(batches[0]["prompt_tokens"])[0])
-    for warning in timing_warnings(records, costs):
+    for warning in timing_warnings(records):
         print(f"[evaluate] warning: {warning}", file=sys.stderr, flush=True)
     for name in drafts:
         taus = {}
@@ -469,39 +470,6 @@ def evaluate_drafts(
                 taus[r["gamma"]] = max(taus.get(r["gamma"], 0.0), r["tau"])
         print(f"[evaluate] {call_costs.verdict(name, costs[name], taus)}", file=sys.stderr)
     return records
-
-
-# The plain target's batch-1 ms per token may differ this much between temperatures (sampling
-# at T > 0 costs ~10% more than argmax on a 2-core CPU) before its timings count as disturbed.
-PLAIN_LATENCY_SPREAD = 1.3
-
-
-def timing_warnings(records: Sequence[Mapping[str, Any]], costs: Mapping[str, Any]) -> list[str]:
-    """What says the machine's speed changed while these records were timed: a verify call of
-    gamma + 1 positions measured more than 10% cheaper than one of 1 position (r_gamma < 0.9),
-    or the plain target's batch-1 latency (the same program at every temperature) differing by
-    more than PLAIN_LATENCY_SPREAD between temperatures. Each speed-up is still a ratio of
-    runs interleaved prompt by prompt, but a slow stretch can hit the memory-bound plain
-    decoding harder than the speculative one, inflating it."""
-    warnings = []
-    for name, cost in costs.items():
-        low = {g: r for g, r in cost["r_gamma"].items() if r is not None and r < 0.9}
-        if low:
-            shown = ", ".join(f"{r:.2f} at gamma {g}" for g, r in low.items())
-            warnings.append(
-                f"draft {name!r}: r_gamma {shown}"
-                " (a wider target call timed cheaper than one position): the cost figures c, "
-                "r_gamma and speedup_ideal are unreliable; rerun on a quiet machine"
-            )
-    plain = {r["temperature"]: r["target_latency_ms"] for r in records if r["target_latency_ms"]}
-    if plain and max(plain.values()) > PLAIN_LATENCY_SPREAD * min(plain.values()):
-        shown = ", ".join(f"{ms:.3f} ms at T={t:g}" for t, ms in sorted(plain.items()))
-        warnings.append(
-            f"the plain target's batch-1 latency per token differs between temperatures ({shown}"
-            f"; more than {PLAIN_LATENCY_SPREAD}x): the machine's speed changed while timing, "
-            "so the batch-1 latency speed-ups are unreliable; rerun on a quiet machine"
-        )
-    return warnings
 
 
 def _report_progress(record: Mapping[str, Any], done: int, total: int, batch: int) -> None:
