@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
 from typing import Any
 
 import flax.struct
@@ -145,7 +144,7 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
             spec.policy, inputs, i, logits, token, state.num_new, state.lookahead,
             spec.vocab_size, survival,
         )  # fmt: skip
-        if "drafts" in inputs:  # Timing: rounds of scheduled sizes (`fixed_round_decoder`).
+        if "drafts" in inputs:  # Timing: rounds of scheduled sizes (`fixed_rounds`).
             schedule = inputs["drafts"]  # A run-time verdict: the rule's own work still runs.
             want = schedule[state.target_calls % schedule.shape[0]]
             stop = jnp.where(want > 0, i + 1 >= want, stop)
@@ -305,7 +304,7 @@ def _decode(
 ):
     """The whole generation: prefill, rounds until every row is done, output extraction.
 
-    With num_rounds, exactly that many rounds instead, for timing (see `fixed_round_decoder`).
+    With num_rounds, exactly that many rounds instead, for timing (`fixed_rounds`).
     rng None is key 0, made here: made on the host it would be a dispatch of its own."""
     rng = jax.random.PRNGKey(0) if rng is None else rng
     batch, prompt_len = prompt_tokens.shape
@@ -377,65 +376,6 @@ def _compiled(target, draft, spec: _Spec, packed: bool = False):
     """One jitted program per (models, spec, packed); jax.jit adds one per input shape."""
     decode = functools.partial(_decode, target, draft, spec)
     return jax.jit((lambda *args: _packed(decode(*args))) if packed else decode)
-
-
-def fixed_round_tokens(policy: Lookahead | None, drafts: Sequence[int] = (0,)) -> int:
-    """The most tokens a row emits in a round of `fixed_round_decoder` (1 plain)."""
-    if policy is None:
-        return 1
-    if policy.kind == "static":
-        return policy.sl_max + 1
-    held = 2 if policy.kind in (*sl.THRESHOLD_KINDS, "oracle") else policy.sl_max + 1
-    return max(d + 1 if d else held for d in drafts)
-
-
-def fixed_round_decoder(target, draft, policy: Lookahead | None, room: int, vocab_size=None,
-                        schedule_length: int = 2):  # fmt: skip
-    """The greedy decoder (policy None and draft None: plain) timing rounds: fn(target_params,
-    draft_params, prompt_tokens, prompt_lengths, num_rounds, classifier=None, drafts=(0,)) ->
-    {'lengths', 'draft_calls', 'width_switches', 'sl_histogram'} per row; one program for any
-    num_rounds and drafts. No row finishes (no EOS; num_rounds x `fixed_round_tokens` within
-    room, the caches' room). Confidence, DISCO, the cumulative rule and the oracle are held to
-    one draft call per round (a threshold no estimate passes, a reference no draft matches).
-    drafts (dynamic policies; len dividing schedule_length): round r proposes drafts[r % len]
-    drafts in [1, sl_max] (0: held). Only the stopping rule's verdict is replaced (its work
-    still runs).
-    """
-    dynamic = policy is not None and policy.kind != "static"
-    gamma = policy.sl_max if policy else 0
-    vocab = checks.shared_vocab_size(target, draft, vocab_size)
-    spec = _Spec(gamma, policy and policy.static_part, room, SamplingConfig(), None, None, vocab)
-
-    @jax.jit
-    def program(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
-                classifier, schedule):  # fmt: skip
-        # Confidence / DISCO stop below 2, the cumulative rule above -1: after every draft.
-        held = -1 if policy is not None and policy.kind == "cumulative" else 2
-        inputs = {"threshold": jnp.float32(held), "start": jnp.int32(1), "classifier": classifier}
-        if dynamic:
-            inputs["drafts"] = schedule
-        if policy is not None and policy.kind == "oracle":
-            inputs["oracle_tokens"] = jnp.full((prompt_tokens.shape[0], room), -1, jnp.int32)
-        out = _decode(target, draft, spec, target_params, draft_params, prompt_tokens,
-                      prompt_lengths, None, inputs, num_rounds)  # fmt: skip
-        return {k: out[k] for k in ("lengths", "draft_calls", "width_switches", "sl_histogram")}
-
-    def run(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
-            classifier=None, drafts=(0,)):  # fmt: skip
-        drafts = tuple(drafts)
-        ok = dynamic and schedule_length % len(drafts) == 0 and all(0 <= d <= gamma for d in drafts)
-        if drafts != (0,) and not ok:
-            raise ValueError(
-                f"drafts must be (0,), or counts in [0, sl_max={gamma}] for a dynamic "
-                f"policy, their number dividing {schedule_length}; got {drafts!r}"
-            )
-        if num_rounds * fixed_round_tokens(policy, drafts) > room:
-            raise ValueError(f"{num_rounds} rounds of {drafts} drafts overrun room={room}")
-        schedule = np.resize(np.asarray(drafts, np.int32), schedule_length)  # Tiled.
-        return program(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
-                       classifier, schedule)  # fmt: skip
-
-    return run
 
 
 def _run(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec,

@@ -1,4 +1,5 @@
-"""records.jsonl and other run outputs: JSONL append/read, atomic writes, canonical names.
+"""records.jsonl and other run outputs: JSONL append/read, atomic writes, canonical names, and
+the check of an eval set's timings (`timing_warnings`).
 
 Evaluation appends one JSON object per line (`append_records`); `distillspec.tables` reads them
 back (`read_jsonl`) to format tables, as `distillspec.metrics` does for metrics.jsonl. A file
@@ -110,11 +111,12 @@ def timing_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     temperature) differing by more than PLAIN_LATENCY_SPREAD between temperatures. Each
     speed-up is still a ratio of runs interleaved prompt by prompt, but a slow stretch can hit
     the memory-bound plain decoding harder than the speculative one, inflating it."""
-    warnings = []
-    low = {(r["draft"], r["gamma"]): r["r_gamma"] for r in records
-           if r.get("r_gamma") is not None and r["r_gamma"] < 0.9}  # fmt: skip
-    for name in dict.fromkeys(draft for draft, _ in low):
-        shown = ", ".join(f"{v:.2f} at gamma {g}" for (d, g), v in sorted(low.items()) if d == name)
+    warnings, low = [], {}
+    for r in records:
+        if r.get("r_gamma") is not None and r["r_gamma"] < 0.9:
+            low.setdefault(r["draft"], {})[r["gamma"]] = r["r_gamma"]
+    for name, by_gamma in low.items():
+        shown = ", ".join(f"{v:.2f} at gamma {g}" for g, v in sorted(by_gamma.items()))
         warnings.append(
             f"draft {name!r}: r_gamma {shown} (a wider target call timed cheaper than one "
             "position): the cost figures c, r_gamma and speedup_ideal are unreliable; rerun on "
@@ -131,3 +133,8 @@ def timing_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
             "so the batch-1 latency speed-ups are unreliable; rerun on a quiet machine"
         )
     return warnings
+
+
+def eval_set(record: Mapping[str, Any]) -> str:
+    """A record's eval set, 'task/split' (one `evaluate_drafts` call's records share it)."""
+    return f"{record.get('task')}/{record.get('split')}"

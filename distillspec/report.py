@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from distillspec import plots, seed_spread, tables
-from distillspec.records import RECORDS_FILE, read_jsonl, timing_warnings
+from distillspec.records import RECORDS_FILE, eval_set, read_jsonl, timing_warnings
 from distillspec.study import report as study_report
 
 QUALITY_FILE = "quality.jsonl"
@@ -171,7 +171,7 @@ def quickstart_page(args: argparse.Namespace, out_dir: str) -> str | None:
     ]
     sets = {}  # One eval set's records, as the run checked them.
     for r in grid:
-        sets.setdefault(f"{r.get('task')}/{r.get('split')}", []).append(r)
+        sets.setdefault(eval_set(r), []).append(r)
     warnings = [f"- {name}: {w}" for name, rows in sets.items() for w in timing_warnings(rows)]
     if warnings:  # What the run printed as `[evaluate] warning`, from the same records.
         parts += ["**Timing warnings** (the speed-ups they name are unreliable):\n\n"

@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from distillspec.records import POLICY_NAMES, TARGET_POLICY, read_jsonl
+from distillspec.records import POLICY_NAMES, TARGET_POLICY, eval_set, read_jsonl
 
 Row = dict[str, Any]
 
@@ -229,7 +229,7 @@ def terminal_summary(
         return ""
     groups: dict[tuple, list[Row]] = {}
     for row in rows:
-        groups.setdefault((f"{row['task']}/{row['split']}", row["temperature"]), []).append(row)
+        groups.setdefault((eval_set(row), row["temperature"]), []).append(row)
     lines = [
         f"Summary: {baseline} → {distilled} draft at the γ of the best batch-1 latency speed-up",
         f"{'eval set':<24} {'T':>3} {'γ':>2}  {'α':<15} {'τ':<13} batch-1 latency speed-up",

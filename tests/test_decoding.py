@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from distillspec.decoding import fixed_round_decoder, generate, speculative_generate
+from distillspec.decoding import generate, speculative_generate
+from distillspec.fixed_rounds import fixed_round_decoder
 from distillspec.lookahead import Lookahead
 from distillspec.sampling import SamplingConfig, logits_to_probs, sample_categorical
 from distillspec.speculative import Lenience

@@ -40,7 +40,7 @@ import numpy as np
 from tqdm import tqdm
 
 from distillspec import lookahead as sl
-from distillspec.decoding import fixed_round_decoder, fixed_round_tokens
+from distillspec.fixed_rounds import fixed_round_decoder, fixed_round_tokens
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -288,7 +288,7 @@ def decoder_round_timers(target, target_params, draft, draft_params, prompts, le
                          policy: sl.Lookahead | None, max_new_tokens: int | None = None,
                          classifier=None, schedules: Sequence[tuple[int, ...]] = ((0,),),
                          vocab_size: int | None = None):  # fmt: skip
-    """The decoder's own loop (`decoding.fixed_round_decoder`, greedy; policy None and draft
+    """The decoder's own loop (`fixed_rounds.fixed_round_decoder`, greedy; policy None and draft
     None: plain), one compiled program, timed per schedule of round sizes (a dynamic policy's,
     `fixed_round_decoder`'s drafts; (0,): its own rule, held). Per schedule: a zero-argument
     timer of (seconds per round, seconds per run outside its rounds: prefill, dispatch,
