@@ -300,10 +300,41 @@ def cross_entropy(
     Returns:
       (loss_sum, weight_sum): float32 scalars, sum NLL * w and sum w.
     """
-    log_q = _log_probs(_zero_masked(student_logits, weights))
-    targets = jnp.asarray(target_tokens, jnp.int32)[..., None]
-    nll = -jnp.take_along_axis(log_q, targets, axis=-1)[..., 0]
-    return _weighted_sum(nll, weights)
+    logits = jnp.asarray(student_logits, jnp.float32)
+    targets = jnp.asarray(target_tokens, jnp.int32)
+    keep = jnp.asarray(weights) != 0
+    return _weighted_sum(_masked_nll(logits, targets, keep), weights)
+
+
+@jax.custom_vjp
+def _masked_nll(logits: jax.Array, targets: jax.Array, keep: jax.Array) -> jax.Array:
+    """logsumexp(z) - z[target] per position where `keep`, else 0: [..., V], [...], [...] -> [...].
+
+    The value and gradient of -log_softmax(z)[target] at kept positions, and exactly 0 at the
+    others whatever their logits hold (as `_zero_masked` guarantees the divergences), in two
+    passes over the logits forward and one backward: the gradient softmax(z) - onehot(target)
+    is written in one elementwise pass (autodiff's take_along_axis builds a scatter and
+    log_softmax's own backward instead).
+    """
+    return _masked_nll_fwd(logits, targets, keep)[0]
+
+
+def _masked_nll_fwd(logits, targets, keep):
+    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    lse = jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1)) + top[..., 0]
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return jnp.where(keep, lse - picked, 0.0), (logits, targets, keep, lse)
+
+
+def _masked_nll_bwd(residuals, g):
+    logits, targets, keep, lse = residuals
+    onehot = jnp.arange(logits.shape[-1]) == targets[..., None]
+    grad = jnp.exp(logits - lse[..., None]) - onehot
+    grad = jnp.where(keep[..., None], grad * g[..., None], 0.0)
+    return grad, None, None
+
+
+_masked_nll.defvjp(_masked_nll_fwd, _masked_nll_bwd)
 
 
 def acceptance_proxy(

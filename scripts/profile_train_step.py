@@ -42,7 +42,7 @@ import time
 
 from distillspec import console
 
-if __name__ == "__main__":  # As the trainer's processes start: huge pages for the C heap.
+if __name__ == "__main__":  # As the trainer's processes start: the C heap tuned for XLA.
     console.quiet_startup()
 
 import jax  # noqa: E402

@@ -330,6 +330,25 @@ def test_cross_entropy_matches_hand_computation():
     assert float(count) == 6.0
 
 
+def test_cross_entropy_gradient_is_softmax_minus_onehot_and_zero_where_masked():
+    # The custom VJP against autodiff of -log_softmax(z)[target] on the same logits, with NaN and
+    # inf at masked positions: there the loss and the gradient are exactly 0.
+    logits = jnp.asarray(_random_logits(23))
+    targets = np.array([[0, 6, 3], [2, 2, 5]], np.int32)
+    weights = np.array([[1.0, 0.0, 0.0], [2.0, 1.0, 0.5]], np.float32)
+    poisoned = logits.at[0, 1].set(jnp.nan).at[0, 2, 4].set(jnp.inf)
+
+    def plain(z):
+        log_q = jax.nn.log_softmax(z, axis=-1)
+        return -jnp.sum(jnp.take_along_axis(log_q, targets[..., None], -1)[..., 0] * weights)
+
+    got = jax.value_and_grad(lambda z: losses.cross_entropy(z, targets, weights)[0])(poisoned)
+    want = jax.value_and_grad(plain)(jnp.where(weights[..., None] != 0, logits, 0.0))
+    assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-6)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-7)
+    assert np.all(np.asarray(got[1])[0, 1:] == 0.0)
+
+
 def test_mean():
     assert float(losses.mean(3.0, 2.0)) == 1.5
     assert float(losses.mean(0.0, 0.0)) == 0.0

@@ -185,6 +185,25 @@ def test_bad_t5_config_value_is_named():
         T5Config(dtype="int8")
 
 
+def test_unrolled_teacher_forcing_equals_the_scanned_stack(decoder_only, monkeypatch):
+    # Shallow stacks run teacher-forced calls unrolled (decoder_only.UNROLL_MAX_LAYERS): the same
+    # parameters, logits and gradients, bit for bit, as the scanned stack that decoding uses.
+    from distillspec.models import decoder_only as module
+
+    model, params = decoder_only
+    tokens, _ = _ragged_sequences(2, 12, seed=5)
+    batch = {"decoder_input_tokens": tokens}
+    score = lambda p: jnp.sum(model.logits(p, batch) ** 2)  # noqa: E731
+    assert model.config.num_layers <= module.UNROLL_MAX_LAYERS
+    unrolled = jax.jit(model.logits)(params, batch), jax.jit(jax.grad(score))(params)
+    monkeypatch.setattr(module, "UNROLL_MAX_LAYERS", 0)
+    scanned = jax.jit(model.logits)(params, batch), jax.jit(jax.grad(score))(params)
+    hlo = jax.jit(model.logits).lower(params, batch).as_text()
+    assert "while" in hlo  # The patched call really ran the scan.
+    for got, want in zip(jax.tree.leaves(unrolled), jax.tree.leaves(scanned)):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_prefill_rejects_prompt_longer_than_cache(decoder_only):
     model, params = decoder_only
     with pytest.raises(ValueError, match="cache_length=4"):

@@ -399,6 +399,7 @@ def context(args, description: str) -> dict:
         "task": args.task,
         "backend": jax.default_backend(),
         "huge_pages": console.huge_pages_on(),
+        "heap_kept": console.heap_kept(),
     }
 
 
