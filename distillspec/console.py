@@ -8,14 +8,12 @@ the run. `quiet_startup` silences them unless the command line says --verbose; i
 before anything imports TensorFlow, so the entry modules call it first.
 
 It also restarts an entry point (`python -m distillspec.<run>`, `python scripts/<name>.py`)
-once, before those imports, with glibc's malloc tuned for XLA:CPU (`heap_environment`): XLA
-allocates each compiled program's buffers afresh on every call (a pretraining step of the main
-job's target: one 425 MB block), and by default glibc maps such a block from the kernel and
-unmaps it again on free, so every call faults in and zeroes fresh pages (a sixth of a
-pretraining step's CPU time went to the kernel). The restart keeps the freed blocks in one heap
-for the next call (one arena, no separate mappings, no trimming) and, on a kernel whose huge
-pages are opt-in (`madvise`), backs that heap with them. DISTILLSPEC_MALLOC=0 keeps the process
-as launched. What it gains: docs/benchmarks.md.
+once, before those imports, with glibc's malloc asked to back the C heap with transparent huge
+pages (`huge_pages_environment`): XLA:CPU allocates each program's buffers afresh per call, and
+on a kernel whose huge pages are opt-in (`madvise`, the common default) every call then faults
+in and zeroes 4 KiB pages one at a time (87 M page faults, 154 s of system time in one main
+job). DISTILLSPEC_HUGE_PAGES=0 keeps the process as launched. What it gains:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -27,15 +25,7 @@ import sys
 
 VERBOSE_FLAG = "--verbose"  # Keeps the third-party start-up logs.
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"  # glibc >= 2.35: madvise(MADV_HUGEPAGE) its heap.
-# glibc >= 2.26: every thread allocates from the one main heap (a thread's own arena cannot hold
-# a block over 64 MB and maps it instead), never from a separate mapping, and the heap's free
-# top is never given back: XLA's per-call buffers are reused, not faulted in afresh each call.
-KEEP_HEAP_TUNABLES = (
-    "glibc.malloc.arena_max=1",
-    "glibc.malloc.mmap_max=0",
-    "glibc.malloc.trim_threshold=1099511627776",
-)
-MALLOC_ENV = "DISTILLSPEC_MALLOC"  # "0": start as launched, the C heap untouched.
+HUGE_PAGES_ENV = "DISTILLSPEC_HUGE_PAGES"  # "0": start as launched, the C heap untouched.
 THP_MODE_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
 _quiet = False  # Set by quiet_startup: the run asked for no third-party logs.
 
@@ -90,24 +80,23 @@ def thp_mode() -> str | None:
     return text[start + 1 : end] if 0 <= start < end else None
 
 
-def heap_environment(
+def huge_pages_environment(
     environ: dict[str, str], glibc: tuple[int, ...] | None, thp_mode: str | None
 ) -> dict[str, str] | None:
-    """environ with glibc's malloc tuned for XLA:CPU (GLIBC_TUNABLES, appended to any tunables
-    already there): KEEP_HEAP_TUNABLES (glibc >= 2.26) and, where the kernel's huge pages are
-    opt-in ('madvise'; 'always' has them already, 'never' has none) and glibc >= 2.35, huge pages
-    for the heap. A tunable the user set is left as set. None where nothing would be added: not
-    glibc, an older one, every tunable already set, or DISTILLSPEC_MALLOC=0."""
+    """environ with glibc's malloc asked for transparent huge pages (GLIBC_TUNABLES, appended to
+    any tunables already there), or None where that would change nothing: not glibc >= 2.35,
+    the kernel's mode not 'madvise' ('always' has them already, 'never' has none), the
+    tunable already set, or DISTILLSPEC_HUGE_PAGES=0."""
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if environ.get(MALLOC_ENV) == "0" or glibc is None or glibc < (2, 26):
+    if (
+        environ.get(HUGE_PAGES_ENV) == "0"
+        or glibc is None
+        or glibc < (2, 35)
+        or thp_mode != "madvise"
+        or "glibc.malloc.hugetlb=" in tunables
+    ):
         return None
-    wanted = list(KEEP_HEAP_TUNABLES)
-    if glibc >= (2, 35) and thp_mode == "madvise":
-        wanted.append(HUGE_PAGES_TUNABLE)
-    added = [t for t in wanted if t.split("=")[0] + "=" not in tunables]
-    if not added:
-        return None
-    return dict(environ, GLIBC_TUNABLES=":".join(filter(None, [tunables, *added])))
+    return dict(environ, GLIBC_TUNABLES=":".join(filter(None, [tunables, HUGE_PAGES_TUNABLE])))
 
 
 def huge_pages_on() -> bool:
@@ -116,18 +105,11 @@ def huge_pages_on() -> bool:
     return HUGE_PAGES_TUNABLE in tunables.split(":") or thp_mode() == "always"
 
 
-def heap_kept() -> bool:
-    """Whether this process's C heap keeps its freed blocks (KEEP_HEAP_TUNABLES; benchmarks
-    record it beside `huge_pages`)."""
-    tunables = os.environ.get("GLIBC_TUNABLES", "").split(":")
-    return all(t in tunables for t in KEEP_HEAP_TUNABLES)
-
-
-def restart_with_heap_tunables(argv: list[str]) -> None:
-    """Replaces this process by `argv` (argv[0]: the interpreter) under `heap_environment`;
+def restart_with_huge_pages(argv: list[str]) -> None:
+    """Replaces this process by `argv` (argv[0]: the interpreter) under `huge_pages_environment`;
     returns without doing anything where that is None. Call it before anything is printed or
     loaded: the new process starts from the beginning."""
-    environ = heap_environment(dict(os.environ), glibc_version(), thp_mode())
+    environ = huge_pages_environment(dict(os.environ), glibc_version(), thp_mode())
     if environ is None:
         return
     sys.stdout.flush()
@@ -163,12 +145,12 @@ def quiet_startup(argv: list[str] | None = None) -> bool:
     down to errors. Returns whether the run is verbose.
 
     Launched as `python -m distillspec.<run>` (or a script of scripts/), the process first
-    restarts itself once with glibc's malloc tuned for XLA:CPU (`restart_with_heap_tunables`;
-    see the module docstring).
+    restarts itself once with huge pages for the C heap (`restart_with_huge_pages`; see the
+    module docstring).
     """
     global _quiet
     if _launched_as_entry_point(sys.orig_argv):
-        restart_with_heap_tunables(sys.orig_argv)
+        restart_with_huge_pages(sys.orig_argv)
     argv = sys.argv[1:] if argv is None else argv
     if VERBOSE_FLAG in argv:
         return True

@@ -42,7 +42,7 @@ import time
 
 from distillspec import console
 
-if __name__ == "__main__":  # As the trainer's processes start: the C heap tuned for XLA.
+if __name__ == "__main__":  # As the trainer's processes start: huge pages for the C heap.
     console.quiet_startup()
 
 import jax  # noqa: E402

@@ -23,13 +23,15 @@ if "PYTEST_XDIST_WORKER" not in os.environ:  # The controller, or a run without 
     # which also keeps the tests out of the user's ~/.cache/distillspec.
     _RUN_DIR = tempfile.mkdtemp(prefix="distillspec-tests-")
     atexit.register(shutil.rmtree, _RUN_DIR, ignore_errors=True)
-    # The workers start with glibc's malloc tuned for XLA:CPU, as the entry points restart
-    # with (distillspec.console.restart_with_heap_tunables); this process started without it.
+    # The workers start with huge pages for their C heap, as the entry points restart with
+    # (distillspec.console.restart_with_huge_pages); this process started without them.
     from distillspec import console
 
-    _heap = console.heap_environment(dict(os.environ), console.glibc_version(), console.thp_mode())
-    if _heap is not None:
-        os.environ["GLIBC_TUNABLES"] = _heap["GLIBC_TUNABLES"]
+    _huge = console.huge_pages_environment(
+        dict(os.environ), console.glibc_version(), console.thp_mode()
+    )
+    if _huge is not None:
+        os.environ["GLIBC_TUNABLES"] = _huge["GLIBC_TUNABLES"]
     os.environ.update(
         JAX_COMPILATION_CACHE_DIR=os.path.join(_RUN_DIR, "xla"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",

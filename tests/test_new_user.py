@@ -162,30 +162,23 @@ def test_loading_the_sentencepiece_vocabulary_is_quiet_unless_verbose(tmp_path, 
     assert ("precompiled_charsmap" in out.stderr) == bool(argv), out.stderr[-2000:]
 
 
-KEEP = ":".join(console.KEEP_HEAP_TUNABLES)
-
-
 @pytest.mark.parametrize(
     "environ, glibc, mode, tunables",
     [
-        ({}, (2, 36), "madvise", f"{KEEP}:{console.HUGE_PAGES_TUNABLE}"),
-        ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, (2, 35), "madvise",  # The user's kept.
-         "glibc.malloc.arena_max=2:" + ":".join([*console.KEEP_HEAP_TUNABLES[1:],
-                                                 console.HUGE_PAGES_TUNABLE])),
-        ({}, (2, 34), "madvise", KEEP),  # The huge pages tunable is new in glibc 2.35.
-        ({}, (2, 25), "madvise", None),  # No tunables before 2.26.
+        ({}, (2, 36), "madvise", console.HUGE_PAGES_TUNABLE),
+        ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, (2, 35), "madvise",
+         "glibc.malloc.arena_max=2:" + console.HUGE_PAGES_TUNABLE),
+        ({}, (2, 34), "madvise", None),  # The tunable is new in glibc 2.35.
         ({}, None, "madvise", None),  # Not glibc.
-        ({}, (2, 36), "always", KEEP),  # Huge pages already; 'never': none to ask for.
-        ({}, (2, 36), "never", KEEP),
-        ({}, (2, 36), None, KEEP),
-        ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, (2, 36), "madvise",
-         f"glibc.malloc.hugetlb=0:{KEEP}"),
-        ({"GLIBC_TUNABLES": f"{KEEP}:{console.HUGE_PAGES_TUNABLE}"}, (2, 36), "madvise", None),
-        ({console.MALLOC_ENV: "0"}, (2, 36), "madvise", None),
+        ({}, (2, 36), "always", None),  # Huge pages already; 'never': none to ask for.
+        ({}, (2, 36), "never", None),
+        ({}, (2, 36), None, None),
+        ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, (2, 36), "madvise", None),  # The user's.
+        ({console.HUGE_PAGES_ENV: "0"}, (2, 36), "madvise", None),
     ],
 )  # fmt: skip
-def test_heap_tunables_are_asked_for_where_they_change_something(environ, glibc, mode, tunables):
-    out = console.heap_environment(environ, glibc, mode)
+def test_huge_pages_are_asked_for_only_where_they_change_something(environ, glibc, mode, tunables):
+    out = console.huge_pages_environment(environ, glibc, mode)
     assert (out and out["GLIBC_TUNABLES"]) == tunables
     if out:
         assert {k: v for k, v in out.items() if k != "GLIBC_TUNABLES"} == {
@@ -209,24 +202,24 @@ def test_only_the_packages_entry_points_restart(argv, entry):
     assert console._launched_as_entry_point(argv) == entry
 
 
-def test_an_entry_point_restarts_once_with_heap_tunables_and_its_arguments(tmp_path):
+def test_an_entry_point_restarts_once_with_huge_pages_and_its_arguments(tmp_path):
     # `python -m distillspec.train --help` runs in a process whose environment says it restarted
-    # (or, where the tunables change nothing here, in the process as launched).
+    # (or, where huge pages change nothing here, in the process as launched).
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES",
-                                                           console.MALLOC_ENV)}  # fmt: skip
+                                                           console.HUGE_PAGES_ENV)}  # fmt: skip
     probe = (
         "import os, sys; from distillspec import console; "
-        "console.restart_with_heap_tunables([sys.executable, '-c', "
+        "console.restart_with_huge_pages([sys.executable, '-c', "
         "'import os, sys; print(os.environ.get(\"GLIBC_TUNABLES\"), sys.argv[1:])', 'a', '--b'])"
         "; print('not restarted')"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO,
                          env=env, timeout=120, check=True).stdout.split("\n")  # fmt: skip
-    expected = console.heap_environment(env, console.glibc_version(), console.thp_mode())
+    expected = console.huge_pages_environment(env, console.glibc_version(), console.thp_mode())
     if expected is None:
         assert out[0] == "not restarted"
     else:
-        assert out[0] == f"{expected['GLIBC_TUNABLES']} ['a', '--b']"
+        assert out[0] == f"{console.HUGE_PAGES_TUNABLE} ['a', '--b']"
     help_run = subprocess.run(
         [sys.executable, "-m", "distillspec.train", "--help"],
         capture_output=True, text=True, cwd=REPO, env=env, timeout=300,

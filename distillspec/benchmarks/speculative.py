@@ -276,7 +276,6 @@ def measure(pair, gamma: int, batch: int, max_new_tokens: int, prompts, repeats:
         "pair": description,
         "backend": jax.default_backend(),
         "huge_pages": console.huge_pages_on(),
-        "heap_kept": console.heap_kept(),
     }
 
 

@@ -22,7 +22,7 @@ from distillspec.models.base import DECODE_DTYPES, FlaxModel
 DTYPES = DECODE_DTYPES  # Compute dtypes: float32 and bfloat16.
 # Teacher-forced calls (training, scoring) of a stack this shallow run its layers unrolled: a
 # scanned stack's backward pass writes each layer's activations into stacked buffers and reads
-# them back (the main job's 2-layer target pretrains 10% faster unrolled). Deeper stacks and
+# them back (the main job's 2-layer target pretrained 6-10% faster unrolled). Deeper stacks and
 # every cached (decoding) call stay scanned: compile time, and decoding was slower unrolled.
 UNROLL_MAX_LAYERS = 4
 
