@@ -320,7 +320,7 @@ def _masked_nll(logits: jax.Array, targets: jax.Array, keep: jax.Array) -> jax.A
 
 
 def _masked_nll_fwd(logits, targets, keep):
-    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    top = jnp.max(logits, axis=-1, keepdims=True)  # Not differentiated: the VJP is below.
     lse = jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1)) + top[..., 0]
     picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     return jnp.where(keep, lse - picked, 0.0), (logits, targets, keep, lse)
