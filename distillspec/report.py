@@ -332,7 +332,21 @@ def _record_page(path: str) -> str | None:
 
 
 def train_step_page(args: argparse.Namespace, out_dir: str) -> str | None:
-    return _record_page(args.train_step_json)
+    """The record's fields, then the pretraining step's products, each timed alone."""
+    page, products = _record_page(args.train_step_json), _json(args.train_step_json)
+    products = (products or {}).get("pretrain_step_products")
+    if not page or not products:
+        return page
+    rows = [{"lhs": "x".join(map(str, p["lhs"])), "rhs": "x".join(map(str, p["rhs"])),
+             "contracting (lhs; rhs)": "{}; {}".format(*p["dimension_numbers"][0]),
+             "batch (lhs; rhs)": "{}; {}".format(*p["dimension_numbers"][1]),
+             "count": p["count"], "ms alone": p["ms"], "GFLOP/s": p["gflops"]}
+            for p in products]  # fmt: skip
+    return (
+        page + "\n\nThe pretraining step's products (from its compiled program), each run alone "
+        "on random operands of its shapes; `pretrain_step_products_ms` is the sum of count x ms "
+        "(each ms includes one jitted call, `empty_call_ms`).\n\n" + tables.to_markdown(rows)
+    )
 
 
 def versus_trl_page(args: argparse.Namespace, out_dir: str) -> str | None:

@@ -44,3 +44,18 @@ import jax  # noqa: E402  (reads the settings above)
 # The suite compiles many small programs; XLA's optimisation passes cost more than they save
 # there (compile time roughly halves). Numerics stay float32.
 jax.config.update("jax_disable_most_optimizations", True)
+
+# The files with the most test time first (pytest --durations=60 on a 2-core VM, summed per
+# file), then the rest in their usual order. Workers take whole files (--dist loadfile), so a
+# long file handed out last kept one worker busy for minutes after the other ran out of work
+# (the last 3% of the tests took a fifth of the run). Only the schedule changes.
+LONGEST_FIRST = (
+    "test_cli.py", "test_benchmarks.py", "test_disco.py", "test_reproducible.py",
+    "test_distributed.py", "test_evaluate.py", "test_your_target.py", "test_trainer.py",
+    "test_decoding_models.py",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # Stable: files stay whole.

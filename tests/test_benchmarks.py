@@ -188,6 +188,32 @@ def test_matmul_flops_match_a_hand_count():
     assert flops.forward_flops(T5Config(), 1, 1, 1) is None  # No formula: None, not a guess.
 
 
+def test_compiled_products_count_every_product_the_program_runs():
+    from distillspec import trainer
+    from distillspec.benchmarks import flops
+    from distillspec.models import DecoderOnlyLM
+
+    # One batched product, [3, 4, 5] x [3, 5, 6] over batch dimension 0: 2 x 3 x 4 x 5 x 6.
+    dot = jax.jit(lambda a, b: jax.lax.dot_general(a, b, (((2,), (1,)), ((0,), (0,)))))
+    hlo = dot.lower(jnp.ones((3, 4, 5)), jnp.ones((3, 5, 6))).compile().as_text()
+    [product] = flops.compiled_products(hlo)
+    assert (product.lhs, product.rhs, product.count) == ((3, 4, 5), (3, 5, 6), 1)
+    assert product.dimension_numbers == (((2,), (1,)), ((0,), (0,))) and product.flops == 720
+    # The tiny teacher's compiled pretraining step (unrolled: a straight-line program): its
+    # products are the formula's, forward (per layer q, k, v, o, the two attention products and
+    # the three of the gated MLP; then the head) and backward (two per forward product).
+    teacher = DecoderOnlyLM(step_bench.TINY_TEACHER)
+    optimizer = trainer.make_optimizer(trainer.OptimizerConfig(name="adamw"), 10)
+    step = trainer.compile_train_step(teacher, None, trainer.LossConfig("ce"), optimizer)
+    state = trainer.init_state(teacher.init(jax.random.PRNGKey(1)), optimizer)
+    tokens = jnp.ones((5, 6), jnp.int32)
+    batch = {"decoder_input_tokens": tokens, "targets": tokens, "weights": jnp.ones((5, 6))}
+    products = flops.compiled_products(step.lower(state, None, batch).compile().as_text())
+    assert sum(p.count for p in products) == 3 * (2 * 9 + 1)
+    parts = flops.part_flops(step_bench.TINY_TEACHER, step_bench.TINY_STUDENT, 2, 4, 3, 5, 6)
+    assert sum(p.flops * p.count for p in products) == parts["pretrain_step"]
+
+
 def test_train_step_benchmark_reports_every_part_of_the_step(tmp_path):
     out = tmp_path / "train_step.json"
     flags = ["--tiny", "--repeats", "3", "--batch_size", "4", "--prompt_length", "16",
@@ -212,6 +238,20 @@ def test_train_step_benchmark_reports_every_part_of_the_step(tmp_path):
             record[f"{part}_ideal_ms"] / record[f"{part}_ms"], rel=1e-2, abs=1e-3
         )
     assert (record["pretrain_batch_size"], record["pretrain_length"]) == (4, 16)
+    # The pretraining step's products timed alone: all of its FLOPs, each product's figures.
+    products = record["pretrain_step_products"]
+    assert record["pretrain_step_products_gflop"] == pytest.approx(record["pretrain_step_gflop"])
+    assert record["pretrain_step_products_count"] == sum(p["count"] for p in products) == 57
+    assert record["pretrain_step_products_ms"] == pytest.approx(
+        sum(p["count"] * p["ms"] for p in products), rel=1e-3, abs=5e-3
+    )
+    assert record["pretrain_step_products_share"] == pytest.approx(
+        record["pretrain_step_products_ms"] / record["pretrain_step_ms"], rel=1e-2, abs=1e-3
+    )
+    assert record["pretrain_step_products_utilisation"] == pytest.approx(
+        record["pretrain_step_ideal_ms"] / record["pretrain_step_products_ms"], rel=1e-2, abs=1e-3
+    )
+    assert record["empty_call_ms"] > 0 and all(p["ms"] > 0 for p in products)
     # No speed threshold (timed assertions are not allowed); the ratio is its definition.
     parts = record["teacher_forward_ms"] + record["student_fwd_bwd_ms"]
     assert record["kd_step_fixed_over_sum"] == pytest.approx(

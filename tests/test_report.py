@@ -120,7 +120,10 @@ def test_benchmark_pages_from_their_json(tmp_path):
              "exact_greedy": True, "pair": "reference"}]  # fmt: skip
     disco = {"disco_vs_static_opt_pct": 4.5, "all_exact": True, "pair": "reference",
              "policies": {"disco": {"latency_ms": 3.2, "speedup": 1.6}}}  # fmt: skip
-    train = {"kd_step_fixed_over_sum": 1.07, "backend": "cpu", "shapes": {"batch": 16}}
+    train = {"kd_step_fixed_over_sum": 1.07, "backend": "cpu", "shapes": {"batch": 16},
+             "pretrain_step_products": [{"lhs": [32, 4, 128, 64], "rhs": [32, 4, 64, 128],
+                                         "dimension_numbers": [[[3], [2]], [[0, 1], [0, 1]]],
+                                         "count": 4, "ms": 2.47, "gflops": 108.7}]}  # fmt: skip
     trl = {"speedup": 2.31, "speedup_interval": [2.1, 2.5], "trl_version": "1.16.0",
            "student_logits_max_abs_diff": 4.77e-06}  # fmt: skip
     paths = {}
@@ -136,7 +139,9 @@ def test_benchmark_pages_from_their_json(tmp_path):
     out = tmp_path / "results"
     assert "| 0.79 |" in (out / "speculative.md").read_text()
     assert "| disco_vs_static_opt_pct | 4.50 |" in (out / "disco_benchmark.md").read_text()
-    assert "| kd_step_fixed_over_sum | 1.07 |" in (out / "train_step.md").read_text()
+    page = (out / "train_step.md").read_text()
+    assert "| kd_step_fixed_over_sum | 1.07 |" in page
+    assert "| 32x4x128x64 | 32x4x64x128 | [3]; [2] | [0, 1]; [0, 1] | 4 | 2.47 | 108.70 |" in page
     page = (out / "versus_trl.md").read_text()
     assert "| speedup | 2.31 |" in page and "| trl_version | 1.16.0 |" in page
     assert "| speedup_interval | [2.10, 2.50] |" in page  # Intervals and small figures kept.

@@ -14,6 +14,10 @@ operands), so a training step is 3x a forward.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import math
+import re
 from typing import Any
 
 # The rate's reference product, [M, K] x [K, N] in float32: the shape of a hidden layer's
@@ -90,3 +94,57 @@ def utilisation(flops: dict[str, int | None], ms: dict[str, float], gflops: floa
         measured = ms[f"{part}_ms"]
         record[f"{part}_utilisation"] = None if ideal is None else round(ideal / measured, 4)
     return record
+
+
+@dataclasses.dataclass(frozen=True)
+class Product:
+    """One of a compiled program's dot products: operand shapes, dtypes and dimension numbers
+    (as `jax.lax.dot_general` takes them), and how many times the program has it."""
+
+    lhs: tuple[int, ...]
+    rhs: tuple[int, ...]
+    dtypes: tuple[str, str]
+    dimension_numbers: tuple  # ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))
+    count: int = 1
+
+    @property
+    def flops(self) -> int:
+        """2 x (output elements) x (contracted length), per occurrence."""
+        (lhs_contracting, rhs_contracting), (lhs_batch, _) = self.dimension_numbers
+        contracted = math.prod(self.lhs[i] for i in lhs_contracting)
+        lhs_free = math.prod(n for i, n in enumerate(self.lhs)
+                             if i not in lhs_contracting and i not in lhs_batch)  # fmt: skip
+        rhs_free = math.prod(self.rhs) // math.prod(self.rhs[i] for i in rhs_contracting)
+        return 2 * lhs_free * contracted * rhs_free  # rhs_free includes the batch dimensions.
+
+
+_HLO_VALUE = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]")
+_HLO_DOT = re.compile(r"\bdot\(([^)]*)\)")
+_HLO_DIMS = re.compile(r"\b((?:lhs|rhs)_(?:contracting|batch)_dims)=\{([\d,]*)\}")
+
+
+def compiled_products(hlo: str) -> list[Product]:
+    """The dot products of a compiled XLA program (`jitted.lower(...).compile().as_text()`),
+    fused or not, each distinct one once with its count, largest FLOPs first. Programs with
+    loops (a scanned layer stack, decoding) run their bodies' products more than once: this
+    counts each instruction once, so use it on straight-line programs."""
+    values, found = {}, collections.Counter()
+    for line in hlo.splitlines():
+        match = _HLO_VALUE.match(line)
+        if match:
+            dims = tuple(int(n) for n in match.group(3).split(",") if n)
+            values[match.group(1)] = (match.group(2), dims)
+    for line in hlo.splitlines():
+        dot = _HLO_DOT.search(line)
+        if not dot or not _HLO_VALUE.match(line):
+            continue
+        lhs, rhs = (values[name] for name in re.findall(r"%([\w.\-]+)", dot.group(1)))
+        dims = {name: tuple(int(n) for n in numbers.split(",") if n)
+                for name, numbers in _HLO_DIMS.findall(line)}  # fmt: skip
+        numbers = tuple(
+            tuple(dims.get(f"{side}_{kind}_dims", ()) for side in ("lhs", "rhs"))
+            for kind in ("contracting", "batch")
+        )
+        found[(lhs[1], rhs[1], (lhs[0], rhs[0]), numbers)] += 1
+    products = [Product(*key, count=count) for key, count in found.items()]
+    return sorted(products, key=lambda p: -p.flops * p.count)

@@ -50,6 +50,20 @@ the medians over repeats in ms per step; each call ends with its outputs ready o
                         other work (softmaxes, the loss, copies, the optimizer, per-step
                         overheads, small products running below the reference rate). None for
                         a model that is not decoder-only.
+  pretrain_step_products_ms   what the pretraining step's products alone take: every dot
+                        product of its compiled program (`flops.compiled_products`), each run
+                        alone on random operands of its shapes once per repeat (interleaved
+                        with the rest), count x median summed; `pretrain_step_products` lists
+                        each distinct product (shapes, dimension numbers, count, ms, GFLOP/s),
+                        `pretrain_step_products_gflop` their FLOPs (the formula's for an
+                        unrolled stack), `pretrain_step_products_count` how many there are,
+                        `empty_call_ms` a [1, 1] x [1, 1] product's (each product's time
+                        includes one call);
+  pretrain_step_products_utilisation   pretrain_step_ideal_ms / pretrain_step_products_ms:
+                        the utilisation the step would reach if it did nothing but its
+                        products, at the rates XLA:CPU's kernels reach on their shapes (the
+                        ceiling that the rest of the step's work lowers);
+  pretrain_step_products_share   pretrain_step_products_ms / pretrain_step_ms.
 The two timed train steps each feed their returned (donated) state back in, so parameters and
 optimizer state evolve as in training. Ratios are of the reported medians; absolute times are
 context only (they depend on the machine and its load). Also reported: the shapes, the models'
@@ -67,6 +81,7 @@ initialised teacher and student of configs/tests/tiny_distill.gin, built in-proc
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import os
 import sys
@@ -96,6 +111,7 @@ TINY_STUDENT = TransformerConfig(
 )
 TRAIN_STEPS = 1000  # The learning-rate schedule's length (its value does not change the cost).
 REFERENCE_CALLS = 3  # Reference products per interleaved call; the fastest one is its time.
+_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}  # HLO -> numpy names.
 
 
 class PrecomputedTeacher:
@@ -173,7 +189,68 @@ def _reference_fns(models: trainer.Models, optimizer, pretrain_shape, seed: int)
         states[0], metrics = step(states[0], None, batch)
         _ready((states[0], metrics))
 
-    return {"pretrain_step": pretrain_step, "matmul": _reference_product(seed)}
+    hlo = step.lower(states[0], None, batch).compile().as_text()
+    return {
+        "pretrain_step": pretrain_step,
+        "matmul": _reference_product(seed),
+        "pretrain_products": _products_alone(flops.compiled_products(hlo), seed),
+    }
+
+
+def _products_alone(products: list[flops.Product], seed: int):
+    """() -> None running each of a step's distinct products (`flops.compiled_products`) once,
+    alone, on random operands of its shapes (row-major), after a [1, 1] x [1, 1] product (a
+    jitted call's own cost: `run.times[0]`); `run.times[i + 1]` collects product i's seconds.
+    What the step would take if it did nothing but its products, at the rates the machine's
+    kernels reach on those shapes."""
+    empty = flops.Product((1, 1), (1, 1), ("f32", "f32"), (((1,), (0,)), ((), ())))
+    calls = []
+    for i, product in enumerate([empty, *products]):
+        keys = jax.random.split(jax.random.PRNGKey(seed + i), 2)
+        dtypes = (jnp.dtype(_DTYPES.get(d, d)) for d in product.dtypes)
+        shapes = (product.lhs, product.rhs)
+        operands = [jax.random.normal(*args) for args in zip(keys, shapes, dtypes)]
+        dot = jax.jit(functools.partial(
+            jax.lax.dot_general, dimension_numbers=product.dimension_numbers))  # fmt: skip
+        calls.append((dot, operands))
+
+    def run():
+        for i, (dot, operands) in enumerate(calls):
+            start = time.perf_counter()
+            _ready(dot(*operands))
+            run.times[i].append(time.perf_counter() - start)
+
+    run.products, run.times = products, [[] for _ in calls]  # times[0]: the empty product's.
+    return run
+
+
+def _products_record(run, repeats: int, step_ms: float, ideal_ms: float | None) -> dict:
+    """The pretraining step's products timed alone (`_products_alone`, its last `repeats`
+    calls: the first compiled them): their sum, FLOPs, the utilisation they alone would reach
+    (the step's ceiling), their share of the step, the number of products in the step, the
+    median empty call (each product's time includes one), and each distinct product's count,
+    median ms and GFLOP/s."""
+    median_ms = [1e3 * float(np.median(times[-repeats:])) for times in run.times]
+    rows, total = [], 0.0
+    for product, ms in zip(run.products, median_ms[1:]):
+        total += product.count * ms
+        dimension_numbers = [[list(d) for d in pair] for pair in product.dimension_numbers]
+        rows.append({
+            "lhs": list(product.lhs), "rhs": list(product.rhs),
+            "dimension_numbers": dimension_numbers, "count": product.count,
+            "ms": round(ms, 4), "gflops": round(product.flops / (ms * 1e6), 1),
+        })  # fmt: skip
+    gflop = sum(p.flops * p.count for p in run.products) / 1e9
+    ceiling = None if ideal_ms is None else round(ideal_ms / total, 4)
+    return {
+        "pretrain_step_products_ms": round(total, 4),
+        "pretrain_step_products_gflop": round(gflop, 6),
+        "pretrain_step_products_utilisation": ceiling,
+        "pretrain_step_products_share": round(total / step_ms, 4),
+        "pretrain_step_products_count": sum(p.count for p in run.products),
+        "empty_call_ms": round(median_ms[0], 4),
+        "pretrain_step_products": rows,
+    }
 
 
 def _reference_product(seed: int):
@@ -315,10 +392,13 @@ def measure(
             trainer.init_state(copy(params), optimizer),
         )  # fmt: skip
     _, seconds = interleaved_items(fns, [()], repeats, shape_of=lambda item: ())
-    ms = {f"{name}_ms": 1e3 * s for name, s in seconds.items()}
+    own = ("matmul", "pretrain_products")  # Timed inside: their calls' medians are not figures.
+    ms = {f"{name}_ms": 1e3 * s for name, s in seconds.items() if name not in own}
     ms["matmul_ms"] = 1e3 * float(np.median(fns["matmul"].fastest[-repeats:]))
     parts = ms["teacher_forward_ms"] + ms["student_fwd_bwd_ms"]
     extra = _utilisation(models, ms, batch, local, pretrain_shape)
+    extra.update(_products_record(fns["pretrain_products"], repeats, ms["pretrain_step_ms"],
+                                  extra["pretrain_step_ideal_ms"]))  # fmt: skip
     if teacher_top_k:
         extra["teacher_cache_saving"] = round(
             ms["kd_step_fixed_ms"] / ms["kd_step_fixed_cached_ms"], 4
