@@ -199,6 +199,11 @@ def test_compiled_products_count_every_product_the_program_runs():
     [product] = flops.compiled_products(hlo)
     assert (product.lhs, product.rhs, product.count) == ((3, 4, 5), (3, 5, 6), 1)
     assert product.dimension_numbers == (((2,), (1,)), ((0,), (0,))) and product.flops == 720
+    # A loop's body runs its products an unknown number of times: no count rather than a wrong
+    # one (a scanned layer stack).
+    looped = jax.jit(lambda a: jax.lax.fori_loop(0, 3, lambda i, x: x @ a, a))
+    with pytest.raises(ValueError, match="loop"):
+        flops.compiled_products(looped.lower(jnp.ones((4, 4))).compile().as_text())
     # The tiny teacher's compiled pretraining step (unrolled: a straight-line program): its
     # products are the formula's, forward (per layer q, k, v, o, the two attention products and
     # the three of the gated MLP; then the head) and backward (two per forward product).
@@ -215,7 +220,7 @@ def test_compiled_products_count_every_product_the_program_runs():
 
 
 def test_train_step_benchmark_reports_every_part_of_the_step(tmp_path):
-    out = tmp_path / "train_step.json"
+    out = tmp_path / "benchmarks" / "train_step.json"  # Its folder made by the benchmark.
     flags = ["--tiny", "--repeats", "3", "--batch_size", "4", "--prompt_length", "16",
              "--completion_length", "8", "--max_examples", "16", "--json", str(out),
              "--teacher_top_k", "5", "--pretrain_batch_size", "4",

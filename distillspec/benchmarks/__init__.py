@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -16,10 +17,12 @@ if sys.argv[:1] == ["-m"]:
 
 
 def emit(result: Any, path: str | None, echo: bool = True) -> Any:
-    """Prints the result as one JSON line (unless echo=False) and writes it to path if given."""
+    """Prints the result as one JSON line (unless echo=False) and writes it to path if given
+    (making its folder: a benchmark's minutes are not lost to a missing runs/benchmarks)."""
     if echo:
         print(json.dumps(result), flush=True)
     if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
     return result

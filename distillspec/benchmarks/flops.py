@@ -125,9 +125,11 @@ _HLO_DIMS = re.compile(r"\b((?:lhs|rhs)_(?:contracting|batch)_dims)=\{([\d,]*)\}
 
 def compiled_products(hlo: str) -> list[Product]:
     """The dot products of a compiled XLA program (`jitted.lower(...).compile().as_text()`),
-    fused or not, each distinct one once with its count, largest FLOPs first. Programs with
-    loops (a scanned layer stack, decoding) run their bodies' products more than once: this
-    counts each instruction once, so use it on straight-line programs."""
+    fused or not, each distinct one once with its count, largest FLOPs first. A program with a
+    loop (a scanned layer stack, decoding) runs its body's products more than once, which the
+    text does not count: ValueError."""
+    if re.search(r"\swhile\(", hlo):
+        raise ValueError("the program has a loop: its products' counts are not in its text")
     values, found = {}, collections.Counter()
     for line in hlo.splitlines():
         match = _HLO_VALUE.match(line)

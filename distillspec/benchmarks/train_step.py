@@ -63,7 +63,10 @@ the medians over repeats in ms per step; each call ends with its outputs ready o
                         the utilisation the step would reach if it did nothing but its
                         products, at the rates XLA:CPU's kernels reach on their shapes (the
                         ceiling that the rest of the step's work lowers);
-  pretrain_step_products_share   pretrain_step_products_ms / pretrain_step_ms.
+  pretrain_step_products_share   pretrain_step_products_ms / pretrain_step_ms. Absent for a
+                        teacher whose compiled step has a loop (a stack of more than
+                        `decoder_only.UNROLL_MAX_LAYERS` layers runs as a scan): its text does
+                        not say how often each product runs.
 The two timed train steps each feed their returned (donated) state back in, so parameters and
 optimizer state evolve as in training. Ratios are of the reported medians; absolute times are
 context only (they depend on the machine and its load). Also reported: the shapes, the models'
@@ -189,12 +192,14 @@ def _reference_fns(models: trainer.Models, optimizer, pretrain_shape, seed: int)
         states[0], metrics = step(states[0], None, batch)
         _ready((states[0], metrics))
 
-    hlo = step.lower(states[0], None, batch).compile().as_text()
-    return {
-        "pretrain_step": pretrain_step,
-        "matmul": _reference_product(seed),
-        "pretrain_products": _products_alone(flops.compiled_products(hlo), seed),
-    }
+    fns = {"pretrain_step": pretrain_step, "matmul": _reference_product(seed)}
+    try:  # A scanned stack (more than UNROLL_MAX_LAYERS layers) has no straight-line count.
+        products = flops.compiled_products(step.lower(states[0], None, batch).compile().as_text())
+    except ValueError as e:
+        print(f"not timing the pretraining step's products alone: {e}", file=sys.stderr)
+    else:
+        fns["pretrain_products"] = _products_alone(products, seed)
+    return fns
 
 
 def _products_alone(products: list[flops.Product], seed: int):
@@ -397,8 +402,9 @@ def measure(
     ms["matmul_ms"] = 1e3 * float(np.median(fns["matmul"].fastest[-repeats:]))
     parts = ms["teacher_forward_ms"] + ms["student_fwd_bwd_ms"]
     extra = _utilisation(models, ms, batch, local, pretrain_shape)
-    extra.update(_products_record(fns["pretrain_products"], repeats, ms["pretrain_step_ms"],
-                                  extra["pretrain_step_ideal_ms"]))  # fmt: skip
+    if "pretrain_products" in fns:
+        extra.update(_products_record(fns["pretrain_products"], repeats, ms["pretrain_step_ms"],
+                                      extra["pretrain_step_ideal_ms"]))  # fmt: skip
     if teacher_top_k:
         extra["teacher_cache_saving"] = round(
             ms["kd_step_fixed_ms"] / ms["kd_step_fixed_cached_ms"], 4
