@@ -473,9 +473,15 @@ def test_disco_run_end_to_end(tmp_path, capsys):
     _run(tmp_path)
     assert "reusing the classifier" in capsys.readouterr().err
     assert len((out / "records.jsonl").read_text().splitlines()) == 2 * len(records)
-    # A different draft in the same directory: the fingerprint no longer matches, so it retrains.
+    # A different draft in the same directory: the fingerprint no longer matches, so the run's
+    # check (the one `disco` asks before training) says so and gives nothing to reuse.
+    from distillspec.models.hf_interop import from_pretrained
+    from distillspec.runs.disco import _reusable
+
     _tiny_run_dirs(tmp_path, noise_seed=2)
-    _run(tmp_path)
+    draft, draft_params = from_pretrained(str(tmp_path / "draft"))
+    directory = storage.classifier_dir(str(tmp_path / "draft"))
+    assert _reusable("standard", directory, draft, draft_params, None, None) is None
     err = capsys.readouterr().err
     assert "fingerprint" in err and "reusing" not in err
 
