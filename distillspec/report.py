@@ -323,9 +323,9 @@ def disco_trained_page(args: argparse.Namespace, out_dir: str) -> str | None:
     return _disco_result_page(args.disco_trained_json, out_dir, "disco_trained_sweep.png")
 
 
-def _record_page(path: str) -> str | None:
-    """A benchmark's one JSON record as a field | value table."""
-    result = _json(path)
+def _record_page(path: str, result: Any = None) -> str | None:
+    """A benchmark's one JSON record (`result`, or read from `path`) as a field | value table."""
+    result = _json(path) if result is None else result
     if not result:
         return None
     return f"Result: `{path}`.\n\n" + tables.to_markdown(_flat(result))
@@ -333,8 +333,9 @@ def _record_page(path: str) -> str | None:
 
 def train_step_page(args: argparse.Namespace, out_dir: str) -> str | None:
     """The record's fields, then the pretraining step's products, each timed alone."""
-    page, products = _record_page(args.train_step_json), _json(args.train_step_json)
-    products = (products or {}).get("pretrain_step_products")
+    result = _json(args.train_step_json)
+    page = _record_page(args.train_step_json, result)
+    products = (result or {}).get("pretrain_step_products")
     if not page or not products:
         return page
     rows = [{"lhs": "x".join(map(str, p["lhs"])), "rhs": "x".join(map(str, p["rhs"])),

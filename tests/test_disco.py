@@ -468,19 +468,20 @@ def test_disco_run_end_to_end(tmp_path, capsys):
     assert all(r["exact"] and r["num_prompts"] == 2 for r in again)
     assert all((r["dtype"], r["cache_dtype"]) == ("float32", "float32") for r in again)
     assert again[2]["threshold"] == metadata["tuning"]["disco"]["threshold"]
-    # A rerun reuses the saved classifier and tuning, and appends a second set of records.
-    capsys.readouterr()
-    _run(tmp_path)
-    assert "reusing the classifier" in capsys.readouterr().err
-    assert len((out / "records.jsonl").read_text().splitlines()) == 2 * len(records)
-    # A different draft in the same directory: the fingerprint no longer matches, so the run's
-    # check (the one `disco` asks before training) says so and gives nothing to reuse.
+    # The run's check before training (`_reusable`): the same draft reuses the saved
+    # classifier and tuning; a different draft in the same directory no longer matches the
+    # fingerprint, so the check says so and gives nothing to reuse.
     from distillspec.models.hf_interop import from_pretrained
     from distillspec.runs.disco import _reusable
 
+    directory = storage.classifier_dir(str(tmp_path / "draft"))
+    capsys.readouterr()
+    draft, draft_params = from_pretrained(str(tmp_path / "draft"))
+    reused = _reusable("standard", directory, draft, draft_params, None, None)
+    assert reused is not None and reused[1]["tuning"] == metadata["tuning"]
+    assert "reusing the classifier" in capsys.readouterr().err
     _tiny_run_dirs(tmp_path, noise_seed=2)
     draft, draft_params = from_pretrained(str(tmp_path / "draft"))
-    directory = storage.classifier_dir(str(tmp_path / "draft"))
     assert _reusable("standard", directory, draft, draft_params, None, None) is None
     err = capsys.readouterr().err
     assert "fingerprint" in err and "reusing" not in err
