@@ -48,11 +48,12 @@ jax.config.update("jax_disable_most_optimizations", True)
 # The files with the most test time first (pytest --durations=60 on a 2-core VM, summed per
 # file), then the rest in their usual order. Workers take whole files (--dist loadfile), so a
 # long file handed out last kept one worker busy for minutes after the other ran out of work
-# (the last 3% of the tests took a fifth of the run). Only the schedule changes.
+# (the last 3% of the tests took a fifth of the run). Only the schedule changes; it needs
+# --no-loadscope-reorder (pyproject.toml), without which xdist sorts files by their test count.
 LONGEST_FIRST = (
     "test_cli.py", "test_benchmarks.py", "test_disco.py", "test_reproducible.py",
     "test_distributed.py", "test_evaluate.py", "test_your_target.py", "test_trainer.py",
-    "test_decoding_models.py",
+    "test_new_user.py", "test_decoding_models.py",
 )  # fmt: skip
 
 
