@@ -29,10 +29,14 @@ NEW_KEYS = (
 )  # fmt: skip
 
 
-def test_measure_in_bfloat16_reports_its_dtype_and_stays_exact():
+def _tiny_pair(dtype: str):
+    """A tiny target and its perturbed copy as draft, decoding in dtype."""
     model, params = tiny_lm(32)
-    pair = (model, params, model, perturbed(params, 0.05, seed=1), "tiny")
-    pair = bench.in_dtype(pair, "bfloat16")
+    return bench.in_dtype((model, params, model, perturbed(params, 0.05, seed=1), "tiny"), dtype)
+
+
+def test_measure_in_bfloat16_reports_its_dtype_and_stays_exact():
+    pair = _tiny_pair("bfloat16")
     prompts = bench.random_prompts(32, 1, 4)
     record = bench.measure(pair, gamma=2, batch=1, max_new_tokens=8, prompts=prompts, repeats=1)
     assert record["dtype"] == "bfloat16"
@@ -42,9 +46,7 @@ def test_measure_in_bfloat16_reports_its_dtype_and_stays_exact():
 
 
 def test_measure_reports_the_in_context_cost_model():
-    model, params = tiny_lm(32)
-    pair = (model, params, model, perturbed(params, 0.05, seed=1), "tiny")
-    pair = bench.in_dtype(pair, "float32")
+    pair = _tiny_pair("float32")
     prompts = bench.random_prompts(32, 2, 4)
     # (32 new tokens: >= 10 calls per timer, so that the per-call differences of this tiny
     # pair stay clear of noise under a second test process.)

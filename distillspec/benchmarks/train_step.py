@@ -187,8 +187,8 @@ def _reference_fns(models: trainer.Models, optimizer, pretrain_shape, seed: int)
     ce = trainer.LossConfig(divergence="ce")
     states = [trainer.init_state(jax.tree.map(jnp.copy, models.teacher_params), optimizer)]
     # Compiled once: the program both runs and is read for its products.
-    step = trainer.compile_train_step(models.teacher, None, ce, optimizer)
-    step = step.lower(states[0], None, batch).compile()
+    jitted = trainer.compile_train_step(models.teacher, None, ce, optimizer)
+    step = jitted.lower(states[0], None, batch).compile()
 
     def pretrain_step():
         states[0], metrics = step(states[0], None, batch)
