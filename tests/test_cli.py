@@ -1,7 +1,8 @@
 """Every run type end to end through its command line, on the tiny configs in configs/tests/.
 
 The tiny quickstart trains a byte-vocabulary target and draft and distils the draft (seconds);
-its exports then feed `python -m distillspec.evaluate` and `python -m distillspec.disco`.
+its exports then feed `python -m distillspec.evaluate` and the study. (`python -m
+distillspec.disco` runs end to end in tests/test_disco.py, on models of its own.)
 """
 
 from __future__ import annotations
@@ -111,18 +112,6 @@ def test_tiny_evaluate_cli(tiny_quickstart, tmp_path):
     assert all(r["dtype"] == "float32" for r in made)  # Every record names its dtype.
     assert records.read_jsonl(tmp_path / "records.jsonl") == made
     assert (tmp_path / "disco_table.md").is_file() and (tmp_path / "table.md").is_file()
-
-
-def test_tiny_disco_cli(tiny_quickstart, tmp_path):
-    made = gin_setup.main(
-        "disco", [f"--gin_file={CONFIGS / 'tiny_disco.gin'}", *_flags(tmp_path, tiny_quickstart[0])]
-    )
-    expected = ["target", "static-1", "static-2", "static-opt", "heuristic", "confidence", "disco"]
-    assert [r["policy"] for r in made] == [*expected, "cumulative", "oracle"]
-    assert all(r["exact"] for r in made)
-    classifier = tiny_quickstart[0] / "draft" / "export" / "disco" / "classifier.json"
-    assert json.loads(classifier.read_text())["tuning"]["static_opt"] in (1, 2)
-    assert "F1 DISCO" in (tmp_path / "disco_f1.md").read_text()
 
 
 def _study(out, *flags):

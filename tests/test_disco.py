@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import pathlib
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec import lookahead
+from distillspec import gin_setup, lookahead
 from distillspec.decoding import generate
 from distillspec.disco import classifier, storage
 from distillspec.disco import features as disco_features
@@ -23,6 +25,7 @@ from tests.test_utils import perturbed, ragged_prompts, tiny_lm
 VOCAB = 32
 MAX_NEW = 8
 TOP_K = 4
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "tests"
 
 
 @pytest.fixture(scope="module")
@@ -429,15 +432,23 @@ def _run(tmp_path, **overrides):
 
 
 def test_disco_run_end_to_end(tmp_path, capsys):
-    _tiny_run_dirs(tmp_path)
-    records = _run(tmp_path)
+    """`python -m distillspec.disco` on configs/tests/tiny_disco.gin (the run's own gin file at
+    toy size) with tiny byte-vocabulary models: every policy, the classifier and tuning saved
+    and read back by the evaluate run, reuse checked."""
+    target, draft = _tiny_run_dirs(tmp_path)
+    gin.clear_config()
+    records = gin_setup.main("disco", [
+        f"--gin_file={CONFIGS / 'tiny_disco.gin'}", f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'",
+        f"--gin.TARGET_CHECKPOINT='{target}'", f"--gin.DRAFTS={{'standard': '{draft}'}}",
+    ])  # fmt: skip
+    gin.clear_config()
     policies = [r["policy"] for r in records]
-    assert set(policies) == {
+    assert policies == [
         "target", "static-1", "static-2", "static-opt", "heuristic", "confidence", "disco",
         "cumulative", "oracle",
-    }  # fmt: skip
+    ]  # fmt: skip
     assert all(r["exact"] for r in records)  # Identical to the target's greedy output.
-    assert all(r["num_prompts"] == 3 and r["task"] == "stdlib_code" for r in records)
+    assert all(r["num_prompts"] == 2 and r["task"] == "humaneval" for r in records)
     by = {r["policy"]: r for r in records}
     variables, metadata = storage.load_classifier(str(tmp_path / "draft" / "disco"))
     assert by["static-opt"]["sl_max"] == metadata["tuning"]["static_opt"] in (1, 2)
@@ -449,8 +460,8 @@ def test_disco_run_end_to_end(tmp_path, capsys):
     assert by["disco"]["threshold"] == metadata["tuning"]["disco"]["threshold"]
     cumulative = metadata["tuning"]["cumulative"]  # Tuned over both sources.
     assert cumulative["source"] in ("classifier", "draft") and cumulative["threshold"] == 0.5
-    assert (by["cumulative"]["source"], by["cumulative"]["sl_max"]) == (cumulative["source"], 2)
-    assert {"cumulative-classifier@2/0.5/keep", "cumulative-draft@2/0.5/keep"} <= set(modeled)
+    assert (by["cumulative"]["source"], by["cumulative"]["sl_max"]) == (cumulative["source"], 3)
+    assert {"cumulative-classifier@3/0.5/keep", "cumulative-draft@3/0.5/keep"} <= set(modeled)
     assert 0.0 <= metadata["f1_disco"] <= 1.0 and metadata["f1_static_sl_k"] >= 1
     out = tmp_path / "out"
     lines = (out / "records.jsonl").read_text().splitlines()
