@@ -16,8 +16,7 @@ import gin
 import pytest
 
 from distillspec import gin_setup, quickstart, records, vocabularies
-
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "tests"
+from tests.test_utils import TEST_CONFIGS as CONFIGS
 
 
 @pytest.fixture(autouse=True)

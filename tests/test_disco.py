@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import pathlib
 
 import gin
 import jax
@@ -20,12 +19,11 @@ from distillspec.lookahead import Lookahead
 from distillspec.models.t5 import T5LM, T5Config
 from distillspec.runs.disco import disco as run_disco
 from distillspec.runs.evaluate import evaluate as run_evaluate
-from tests.test_utils import perturbed, ragged_prompts, tiny_lm
+from tests.test_utils import TEST_CONFIGS, perturbed, ragged_prompts, tiny_lm
 
 VOCAB = 32
 MAX_NEW = 8
 TOP_K = 4
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "tests"
 
 
 @pytest.fixture(scope="module")
@@ -438,7 +436,7 @@ def test_disco_run_end_to_end(tmp_path, capsys):
     target, draft = _tiny_run_dirs(tmp_path)
     gin.clear_config()
     records = gin_setup.main("disco", [
-        f"--gin_file={CONFIGS / 'tiny_disco.gin'}", f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'",
+        f"--gin_file={TEST_CONFIGS / 'tiny_disco.gin'}", f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'",
         f"--gin.TARGET_CHECKPOINT='{target}'", f"--gin.DRAFTS={{'standard': '{draft}'}}",
     ])  # fmt: skip
     gin.clear_config()

@@ -12,16 +12,14 @@ and T = 0 and 1; and the gain must be larger than its spread over the two seeds.
 from __future__ import annotations
 
 import math
-import pathlib
 
 import gin
 import pytest
 
 from distillspec import quickstart
+from tests.test_utils import TEST_CONFIGS
 
-CONFIG = (
-    pathlib.Path(__file__).resolve().parents[1] / "configs" / "tests" / "reduced_quickstart.gin"
-)
+CONFIG = TEST_CONFIGS / "reduced_quickstart.gin"
 SEEDS = (0, 1)
 
 

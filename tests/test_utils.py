@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+# The tests' tiny gin configs.
+TEST_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "tests"
 
 # --------------------------------------------------------------------------------------------
 # Stub models for the decoders.
