@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Any
 
 import flax.struct
@@ -34,7 +35,7 @@ import numpy as np
 from distillspec import checks
 from distillspec import lookahead as sl
 from distillspec.lookahead import Lookahead
-from distillspec.models.base import DecodingModel
+from distillspec.models.base import DecodingModel, entry_writer
 from distillspec.sampling import SamplingConfig, logits_to_probs, sample_categorical
 from distillspec.speculative import Lenience, accept_greedy, accept_or_resample
 
@@ -189,22 +190,36 @@ def _draft_block(draft, params, cache, state: _LoopState, rng, spec: _Spec, inpu
 
 def _verify(target, params, cache, tokens, position, num_drafts, done, spec: _Spec, select):
     """(select(target logits [B, w, V]) for last token + drafts, padded to [B, G + 1, ...], new
-    cache, w) in the narrowest compiled width w holding every active row's drafts."""
+    cache, w) in the narrowest compiled width w holding every active row's drafts.
+
+    The width is a `lax.switch` whose branches only read the cache and return their entries,
+    padded to G + 1 tokens, for one write after it: XLA copies a conditional's operand that a
+    branch updates in place, which was the whole target cache every dynamic round
+    (tests/test_round_copies.py reads the compiled program). A target without
+    `extend_entries` (`models.base.entry_writer`) writes inside the branches instead."""
     widths = sl.verify_widths(spec.policy)
     full = spec.gamma + 1
 
-    def call(width, cache):
-        logits, cache = target.extend(params, cache, tokens[:, :width], position)
-        selected = select(logits)
-        padding = [(0, 0), (0, full - width)] + [(0, 0)] * (selected.ndim - 2)
-        return jnp.pad(selected, padding), cache
+    def padded(selected, width):
+        return jnp.pad(selected, [(0, 0), (0, full - width)] + [(0, 0)] * (selected.ndim - 2))
 
     if len(widths) == 1:
-        return *call(widths[0], cache), jnp.int32(widths[0])
+        logits, cache = target.extend(params, cache, tokens[:, : widths[0]], position)
+        return padded(select(logits), widths[0]), cache, jnp.int32(widths[0])
     needed = jnp.max(jnp.where(done, 0, num_drafts)) + 1
     branch = jnp.searchsorted(jnp.asarray(widths), needed)
-    branches = [functools.partial(call, width) for width in widths]
-    return *jax.lax.switch(branch, branches, cache), jnp.asarray(widths, jnp.int32)[branch]
+    width = jnp.asarray(widths, jnp.int32)[branch]
+    split = entry_writer(target)
+
+    def call(w, cache):  # (selected, the new entries | the updated cache)
+        if split:
+            logits, out = target.extend_entries(params, cache, tokens[:, :w], position, full)
+        else:
+            logits, out = target.extend(params, cache, tokens[:, :w], position)
+        return padded(select(logits), w), out
+
+    selected, out = jax.lax.switch(branch, [functools.partial(call, w) for w in widths], cache)
+    return selected, target.write_entries(cache, out, position) if split else out, width
 
 
 def _kept_count(new: jax.Array, num_emitted: jax.Array, remaining: jax.Array, eos_id):
@@ -378,13 +393,14 @@ def _compiled(target, draft, spec: _Spec, packed: bool = False):
     return jax.jit((lambda *args: _packed(decode(*args))) if packed else decode)
 
 
-def _run(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec,
-         inputs, packed=False):  # fmt: skip
+def _checked(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng,
+             spec, inputs, packed=False):  # fmt: skip
+    """(the compiled program of spec, its checked arguments)."""
     checks.check_int("max_new_tokens", spec.max_new_tokens)
     sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
     prompt_tokens, prompt_lengths = checks.check_prompt(prompt_tokens, prompt_lengths, min(sizes))
     fn = _compiled(target, draft, spec, packed)  # rng None: key 0, made inside the program.
-    return fn(target_params, draft_params, prompt_tokens, prompt_lengths, rng, inputs)
+    return fn, (target_params, draft_params, prompt_tokens, prompt_lengths, rng, inputs)
 
 
 def _policy_inputs(policy: Lookahead, classifier, oracle_tokens, spec: _Spec, batch: int):
@@ -493,7 +509,9 @@ def _plain(model, params, prompt_tokens, prompt_lengths, rng, max_new_tokens, sa
     vocab = checks.shared_vocab_size(model, None, vocab_size)
     spec = _Spec(0, None, max_new_tokens, sampling, None, eos_id, vocab)
     inputs = {"start": np.int32(1)}
-    return _run(model, None, params, None, prompt_tokens, prompt_lengths, rng, spec, inputs, packed)
+    fn, args = _checked(model, None, params, None, prompt_tokens, prompt_lengths, rng, spec,
+                        inputs, packed)  # fmt: skip
+    return fn(*args)
 
 
 def speculative_generate(
@@ -531,6 +549,29 @@ def speculative_generate(
       oracle_tokens: [B, max_new_tokens] the target's greedy output, for kind 'oracle'.
       lenience: the lenience function for lossy decoding.
     """
+    fn, args = _speculative_call(
+        target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng,
+        gamma=gamma, lookahead=lookahead, classifier=classifier, oracle_tokens=oracle_tokens,
+        max_new_tokens=max_new_tokens, sampling=sampling, lenience=lenience, eos_id=eos_id,
+        vocab_size=vocab_size,
+    )  # fmt: skip
+    return _unpacked(*jax.device_get(fn(*args)))
+
+
+def speculative_program(*args, **kwargs) -> jax.stages.Compiled:
+    """The compiled program that `speculative_generate` runs for the same arguments, for reading:
+    `.as_text()` is XLA's optimized program (`distillspec.benchmarks.rounds` counts the buffers
+    a round copies in it)."""
+    bound = inspect.signature(speculative_generate).bind(*args, **kwargs)
+    bound.apply_defaults()
+    fn, call_args = _speculative_call(**bound.arguments)
+    return fn.lower(*call_args).compile()
+
+
+def _speculative_call(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths,
+                      rng, gamma, lookahead, classifier, oracle_tokens, max_new_tokens, sampling,
+                      lenience, eos_id, vocab_size):  # fmt: skip
+    """(the jitted program, its arguments) of a `speculative_generate` call, checked."""
     if (gamma is None) == (lookahead is None):
         raise ValueError("pass exactly one of gamma= (static lookahead) and lookahead=")
     if lookahead is None:
@@ -547,8 +588,5 @@ def speculative_generate(
         checks.shared_vocab_size(target, draft, vocab_size),
     )
     inputs = _policy_inputs(lookahead, classifier, oracle_tokens, spec, np.shape(prompt_tokens)[0])
-    out = _run(
-        target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng, spec,
-        inputs, packed=True,
-    )  # fmt: skip
-    return _unpacked(*jax.device_get(out))
+    return _checked(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths,
+                    rng, spec, inputs, packed=True)  # fmt: skip

@@ -19,7 +19,7 @@ from distillspec.lookahead import (
 )
 from distillspec.sampling import SamplingConfig
 from tests.test_decoding import _chi2_pvalue, _exact_joint, _joint_counts
-from tests.test_utils import TRACE_COUNTS, markov_pair, ragged_prompts
+from tests.test_utils import TRACE_COUNTS, WritingMarkovStub, markov_pair, ragged_prompts
 
 
 def random_classifier(top_k: int, seed: int = 0, bias: float = 0.0):
@@ -65,8 +65,17 @@ def _spec(pair, prompts, lengths, policy, kwargs, n=24, plain=None, **extra):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("sl_max,batch", [(1, 4), (5, 1), (5, 4)])
-def test_every_policy_keeps_greedy_output_exact(pair, sl_max, batch):
+def _writing(pair):
+    """The pair with a target that verifies by writing its cache inside each width's branch."""
+    target, draft = pair
+    return WritingMarkovStub(np.asarray(target.table), target.name + "-writing"), draft
+
+
+@pytest.mark.parametrize(
+    "sl_max,batch,writing", [(1, 4, False), (5, 1, False), (5, 4, False), (5, 4, True)]
+)
+def test_every_policy_keeps_greedy_output_exact(pair, sl_max, batch, writing):
+    pair = _writing(pair) if writing else pair  # Both verify paths of `decoding._verify`.
     target, _ = pair
     prompts, lengths = ragged_prompts(batch, 5, target.vocab_size, seed=sl_max)
     plain = generate(target, None, prompts, lengths, max_new_tokens=24)

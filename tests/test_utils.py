@@ -48,9 +48,32 @@ class MarkovStub:
         table = self.table if params is None else params
         return table[prev, tokens], cache
 
+    def extend_entries(self, params, cache, tokens, positions, pad_to=None):
+        """`extend` that reads the cache only (the decoders' dynamic rounds): the entries are
+        the tokens, padded with 0 to pad_to; a decoder that read a padded slot before
+        rewriting it would condition on token 0 and fail the exactness tests."""
+        TRACE_COUNTS[self.name] = TRACE_COUNTS.get(self.name, 0) + 1
+        first = jnp.take_along_axis(cache, jnp.maximum(positions - 1, 0)[:, None], 1)
+        first = jnp.where(positions[:, None] > 0, first, 0)
+        prev = jnp.concatenate([first, tokens[:, :-1].astype(jnp.int32)], axis=1)
+        table = self.table if params is None else params
+        extra = (pad_to or tokens.shape[1]) - tokens.shape[1]
+        return table[prev, tokens], jnp.pad(tokens.astype(jnp.int32), ((0, 0), (0, extra)))
+
+    def write_entries(self, cache, entries, positions):
+        write = lambda row, t, p: jax.lax.dynamic_update_slice(row, t, (p,))
+        return jax.vmap(write)(cache, entries, positions)
+
     def next_probs(self, prev: int, last: int) -> np.ndarray:
         """Exact next-token distribution after (prev, last)."""
         return np.asarray(jax.nn.softmax(self.table[prev, last].astype(jnp.float32)), np.float64)
+
+
+class WritingMarkovStub(MarkovStub):
+    """A MarkovStub without the optional extend_entries: the decoders' dynamic rounds then
+    verify through `extend` inside each width's branch (the path of models such as T5)."""
+
+    extend_entries = None
 
 
 def markov_pair(vocab: int, seed: int, noise: float, scale: float = 2.0, dtype: str = "float32"):

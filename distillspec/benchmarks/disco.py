@@ -59,7 +59,12 @@ from distillspec.disco.tuning import (
 )
 from distillspec.evaluation import costs as cost_profiles
 from distillspec.evaluation.policies import measure_policies, priced, resolve_policies
-from distillspec.evaluation.timing import call_cost_timers, megabytes, repeats_interval
+from distillspec.evaluation.timing import (
+    call_cost_timers,
+    megabytes,
+    program_key,
+    repeats_interval,
+)
 from distillspec.lookahead import SOURCES, verify_widths
 from distillspec.records import policy_list
 
@@ -138,7 +143,20 @@ def modeled_sweep(rules, fixed, valid_counts, test_counts, cs=SWEEP_C, rs=SWEEP_
     return rows
 
 
-def _result(measured, tuning, costs, classifier, valid_examples, examples, args) -> dict:
+def own_work_ms(policy, measured: dict, costs: dict) -> float:
+    """The decoder's own work per round (ms) of a policy's test runs, outside its model calls:
+    its program's fitted terms (`timing.call_costs`: per round, per draft call, per switch of
+    verify width) at the runs' counts; the plain target's per step."""
+    rounds = max(int(measured["target_calls"]), 1)
+    if policy is None:
+        return costs["round"]
+    key = program_key(policy)
+    work = costs["spec_round"][key] * rounds + costs["per_draft"][key] * measured["draft_calls"]
+    return (work + costs["switch"][key] * measured.get("width_switches", 0)) / rounds
+
+
+def _result(measured, tuning, costs, classifier, valid_examples, examples, args,
+            policies) -> dict:  # fmt: skip
     """The JSON result: headline ratios, tuning, F1, call costs and per-policy figures."""
     static_k, static_f1 = best_static_sl(valid_examples)
 
@@ -161,6 +179,10 @@ def _result(measured, tuning, costs, classifier, valid_examples, examples, args)
         "f1_static_sl": round(static_f1, 4),
         "f1_static_sl_k": static_k,
         "train_tokens": len(examples),
+        "own_work_ms": {
+            name: round(own_work_ms(policies.get(name), m, costs), 3)
+            for name, m in measured.items()
+        },
         "call_costs_ms": jax.tree.map(lambda ms: round(ms, 3), costs),
         "policies": {
             name: {
@@ -326,7 +348,7 @@ def main(argv=None) -> dict:
         cost_timers=cost_timers, timing_repeats=args.timing_repeats, desc="test", **common,
     )  # fmt: skip
 
-    result = _result(measured, tuning, costs, classifier, valid_examples, examples, args)
+    result = _result(measured, tuning, costs, classifier, valid_examples, examples, args, policies)
     result.update(pair_costs(costs, tuning["static_opt"]))
     if not result["memory_bound"]:
         print(

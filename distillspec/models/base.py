@@ -65,6 +65,19 @@ class DecodingModel(Protocol):
         """Feeds tokens [B, K] at per-row positions [B]; returns (logits [B, K, V] f32, cache)."""
         ...
 
+    # Optional, for dynamic lookahead: `extend` split into a call that only reads the cache and
+    # returns this call's entries (padded with zeros to pad_to tokens), and their write:
+    #   extend_entries(params, cache, tokens, positions, pad_to=None) -> (logits, entries)
+    #   write_entries(cache, entries, positions) -> cache
+    # The decoder then verifies at a per-round width with one cache write after the choice of
+    # width (a model without them has its cache copied every dynamic round, see
+    # `distillspec.decoding._verify`). `entry_writer(model)` says whether a model has them.
+
+
+def entry_writer(model: Any) -> bool:
+    """Whether model offers the optional extend_entries / write_entries pair (see above)."""
+    return callable(getattr(model, "extend_entries", None))
+
 
 @runtime_checkable
 class ScoringModel(DecodingModel, Protocol):
@@ -142,6 +155,21 @@ class TruncatedVocabulary:
     def extend(self, params, cache, tokens, positions):
         logits, cache = self.model.extend(params, cache, tokens, positions)
         return logits[..., : self.vocab_size], cache
+
+    @property
+    def extend_entries(self):
+        """The model's extend_entries with logits cut to vocab_size, or None without one."""
+        if not entry_writer(self.model):
+            return None
+
+        def extend_entries(params, cache, tokens, positions, pad_to=None):
+            logits, entries = self.model.extend_entries(params, cache, tokens, positions, pad_to)
+            return logits[..., : self.vocab_size], entries
+
+        return extend_entries
+
+    def write_entries(self, cache, entries, positions):
+        return self.model.write_entries(cache, entries, positions)
 
     def logits(self, params, batch, positions=None):
         return self.model.logits(params, batch, positions)[..., : self.vocab_size]

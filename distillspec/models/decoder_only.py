@@ -133,6 +133,13 @@ class _Block(nn.Module):
 _LAYER_IN_AXES = (nn.broadcast, nn.broadcast, 0)  # mask, positions broadcast; the cache per layer.
 
 
+def _write_entries(cache, entries, starts):
+    """cache {'k', 'v'} [L, B, S, Hkv, D] with entries [L, B, K, Hkv, D] written at each row's
+    start [B]."""
+    write = jax.vmap(layers.write_rows, in_axes=(0, 0, None))
+    return {name: write(cache[name], entries[name], starts) for name in ("k", "v")}
+
+
 class DecoderOnlyTransformer(nn.Module):
     """The flax module; use it through `DecoderOnlyLM`."""
 
@@ -160,6 +167,7 @@ class DecoderOnlyTransformer(nn.Module):
         starts: jax.Array,
         cache: dict[str, jax.Array],
         select: jax.Array | None = None,
+        write: bool = True,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Runs tokens [B, T] placed at positions starts[b] .. starts[b] + T - 1.
 
@@ -169,9 +177,11 @@ class DecoderOnlyTransformer(nn.Module):
           cache: {'k', 'v'} [num_layers, B, S, Hkv, D], or {} to attend within `tokens` only
             (teacher forcing; then starts must be 0).
           select: optional [B, N] indices into T: the head runs on those positions only.
+          write: False returns this call's entries {'k', 'v'} [num_layers, B, T, Hkv, D] in
+            place of the updated cache (the cache is only read).
 
         Returns:
-          (logits [B, T, V] (or [B, N, V]) float32, updated cache or {}).
+          (logits [B, T, V] (or [B, N, V]) float32, updated cache (or the entries) or {}).
         """
         positions = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
         key_length = cache["k"].shape[2] if cache else tokens.shape[1]
@@ -181,8 +191,7 @@ class DecoderOnlyTransformer(nn.Module):
             x = x + self.pos_embed(positions)
         x, entries = self._run_layers(x, mask, positions, cache)
         if cache:  # One in-place write per call, [L, B, T, Hkv, D] at each row's start.
-            write = jax.vmap(layers.write_rows, in_axes=(0, 0, None))
-            cache = {name: write(cache[name], entries[name], starts) for name in ("k", "v")}
+            cache = _write_entries(cache, entries, starts) if write else entries
         if select is not None:  # The head and what follows it only where they are needed.
             x = jnp.take_along_axis(x, select[..., None], axis=1)
         x = self.final_norm(x)
@@ -281,3 +290,31 @@ class DecoderOnlyLM(FlaxModel):
         them < cache_length); each query attends to slots <= its own position only.
         """
         return self.module.apply({"params": params}, tokens, positions, cache)
+
+    def extend_entries(
+        self,
+        params: Any,
+        cache: dict[str, jax.Array],
+        tokens: jax.Array,
+        positions: jax.Array,
+        pad_to: int | None = None,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """`extend` that only reads the cache: (logits [B, K, V], entries), the entries
+        {'k', 'v'} [num_layers, B, pad_to or K, Hkv, D] that `write_entries` puts in the cache
+        (zero past K: slots past a row's accepted tokens are never read, see base.py).
+
+        The decoder picks a verify width inside its loop; a conditional whose branches wrote
+        the cache made XLA copy the whole cache every round, one write after it does not.
+        """
+        logits, entries = self.module.apply(
+            {"params": params}, tokens, positions, cache, write=False
+        )
+        extra = (pad_to or tokens.shape[1]) - tokens.shape[1]
+        pad = lambda e: jnp.pad(e, [(0, 0), (0, 0), (0, extra), (0, 0), (0, 0)])
+        return logits, jax.tree.map(pad, entries)
+
+    def write_entries(
+        self, cache: dict[str, jax.Array], entries: dict[str, jax.Array], positions: jax.Array
+    ) -> dict[str, jax.Array]:
+        """The cache with `extend_entries`'s entries written from each row's position [B]."""
+        return _write_entries(cache, entries, positions)
