@@ -286,6 +286,8 @@ def _disco_result_page(path: str, out_dir: str, figure: str) -> str | None:
             row["vs_static_opt_pct"] = round(100.0 * (opt - figures["latency_ms"]) / opt, 2)
         interval = result.get(f"{name}_vs_static_opt_pct_interval")
         row["interval_90"] = f"[{interval[0]:+.1f}, {interval[1]:+.1f}]" if interval else ""
+        if "own_work_ms" in result:  # Runs before the column have none.
+            row["own_work_ms"] = result["own_work_ms"].get(name)
         rows.append(row)
     costs = {k: result.get(k) for k in ("c", "r_gamma", "r_gamma_width", "memory_bound")}
     parts = [
@@ -296,7 +298,9 @@ def _disco_result_page(path: str, out_dir: str, figure: str) -> str | None:
         f"target's: all exact = {result.get('all_exact')}. Measured costs on this machine: "
         + ", ".join(f"{k} = {v}" for k, v in costs.items()) + ".",
         "Every policy (latency in ms per token; *Latency vs static-opt*: its reduction against "
-        "static SL-opt, and `interval_90` its 90% bootstrap interval over the test prompts):",
+        "static SL-opt, and `interval_90` its 90% bootstrap interval over the test prompts; "
+        "*Own work*: the decoder's work per round outside the model calls, the cost model's "
+        "fitted terms at the policy's counts):",
         tables.to_markdown(rows),
         "Tuned settings and the other figures:",
         tables.to_markdown(_flat(result)),

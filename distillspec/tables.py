@@ -64,6 +64,7 @@ HEADERS = {
     "alpha": "α",
     "exact": "Exact",
     "vs_static_opt_pct": "Latency vs static-opt (%)",
+    "own_work_ms": "Own work (ms/round)",
     # Over seeds (seed_spread_table).
     "seeds": "Seeds",
     "tau_ratio": "τ distilled / τ standard",
