@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from distillspec.benchmarks.rounds import (
+    WritingInBranches,
     cache_copies,
     decoder_buffers,
     loop_copies,
@@ -20,13 +21,6 @@ from distillspec.models import DecoderOnlyLM, TransformerConfig
 from tests.test_lookahead import random_classifier
 
 MAX_NEW = 12
-
-
-class WritingTarget(DecoderOnlyLM):
-    """The planted variant: a target without `extend_entries`, so the decoder's width branches
-    write the cache themselves (as every dynamic round did before)."""
-
-    extend_entries = None
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +53,7 @@ def test_no_round_copies_a_cache_or_the_parameters(pair, kind):
 def test_the_check_finds_a_round_that_copies_the_cache(pair):
     """The same dynamic round with the cache written inside the width branches copies it; a
     static round (no branches) does not."""
-    writing = WritingTarget(pair[0].config)
+    writing = WritingInBranches(pair[0])  # The planted variant: the branches write the cache.
     copies = _copies(pair, Lookahead("disco", 5), target=writing)
     assert copies["target cache"], copies
     assert _copies(pair, Lookahead("static", 5), target=writing)["target cache"] == []

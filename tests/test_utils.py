@@ -40,13 +40,9 @@ class MarkovStub:
         return cache, prompt_tokens, prompt_lengths - 1
 
     def extend(self, params, cache, tokens, positions):
-        TRACE_COUNTS[self.name] = TRACE_COUNTS.get(self.name, 0) + 1  # Counts traces only.
-        write = lambda row, t, p: jax.lax.dynamic_update_slice(row, t, (p,))
-        cache = jax.vmap(write)(cache, tokens.astype(jnp.int32), positions)
-        index = positions[:, None] + jnp.arange(tokens.shape[1])  # [B, K]
-        prev = jnp.where(index > 0, jnp.take_along_axis(cache, jnp.maximum(index - 1, 0), 1), 0)
-        table = self.table if params is None else params
-        return table[prev, tokens], cache
+        # MarkovStub's own: WritingMarkovStub hides extend_entries from the decoders only.
+        logits, entries = MarkovStub.extend_entries(self, params, cache, tokens, positions)
+        return logits, self.write_entries(cache, entries, positions)
 
     def extend_entries(self, params, cache, tokens, positions, pad_to=None):
         """`extend` that reads the cache only (the decoders' dynamic rounds): the entries are

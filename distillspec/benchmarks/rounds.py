@@ -4,19 +4,18 @@ and timed.
     python -m distillspec.benchmarks.rounds --json OUT.json
     python -m distillspec.benchmarks.rounds --pair trained --draft distilled --json OUT.json
 
-For static SL-k and every dynamic policy of `distillspec.benchmarks.disco`'s pairs, at batch 1:
+For static SL-k and every dynamic policy on `distillspec.benchmarks.disco`'s pairs (the same
+pair flags), at batch 1:
 
-  * from XLA's optimized program of the decoder (`decoding.speculative_program`): the copies
-    it makes inside its loop (outside the program's entry: per round, or per call inside a
-    round), how many megabytes they move at most, and which of them copy a whole buffer of a
-    KV cache's or a parameter's shape (`cache_copies`; tests/test_round_copies.py fails on one);
-  * timed (`evaluation.timing.measure_call_costs`, interleaved repeats): a target call per
-    verify width, a draft call in the loop's context, and each program's own work: per round,
-    per draft call and per switch of verify width (fitted from its rounds of fixed sizes).
-
-Prints one JSON object: per policy `copies` (count, MB per round at most, cache- and
-parameter-shaped ones) and `own_work` (ms per round besides its calls at 1 and at the policy's
-largest width's drafts, per draft, per switch), and the pair's call costs.
+  * `copies`, from XLA's optimized program of the decoder (`decoding.speculative_program`): the
+    copies it makes inside its loop (outside the program's entry), how many megabytes they move
+    at most, and those of a whole buffer of a KV cache's or a parameter's shape
+    (tests/test_round_copies.py fails on one);
+  * `round_ms`, `above_static_ms`: rounds of fixed sizes of each program (`round_timers`),
+    timed interleaved: the same model calls as a static round, so a dynamic round minus the
+    static one is its own work above static's (median, 90% interval over repeats); beside them
+    the same dynamic programs with the cache written inside the width branches (the design
+    before), unless --no_compare.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ import jax
 import numpy as np
 
 from distillspec.benchmarks import emit
+from distillspec.decoding import speculative_program
 
 _COMPUTATION = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{$")
 _COPY = re.compile(r"= (\w+)\[([\d,]*)\]\S* copy\(")
@@ -84,8 +84,6 @@ def round_copies(target, target_params, draft, draft_params, prompt, policy, *,
                  max_new_tokens: int, classifier=None, eos_id=None) -> dict:  # fmt: skip
     """What the compiled program of `speculative_generate(lookahead=policy)` copies in its
     loop: {'count', 'megabytes', and per buffer kind (`decoder_buffers`) its copies}."""
-    from distillspec.decoding import speculative_program
-
     oracle = None
     if policy.kind == "oracle":
         oracle = np.zeros((prompt[0].shape[0], max_new_tokens), np.int32)

@@ -133,13 +133,6 @@ class _Block(nn.Module):
 _LAYER_IN_AXES = (nn.broadcast, nn.broadcast, 0)  # mask, positions broadcast; the cache per layer.
 
 
-def _write_entries(cache, entries, starts):
-    """cache {'k', 'v'} [L, B, S, Hkv, D] with entries [L, B, K, Hkv, D] written at each row's
-    start [B]."""
-    write = jax.vmap(layers.write_rows, in_axes=(0, 0, None))
-    return {name: write(cache[name], entries[name], starts) for name in ("k", "v")}
-
-
 class DecoderOnlyTransformer(nn.Module):
     """The flax module; use it through `DecoderOnlyLM`."""
 
@@ -167,7 +160,6 @@ class DecoderOnlyTransformer(nn.Module):
         starts: jax.Array,
         cache: dict[str, jax.Array],
         select: jax.Array | None = None,
-        write: bool = True,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Runs tokens [B, T] placed at positions starts[b] .. starts[b] + T - 1.
 
@@ -177,11 +169,11 @@ class DecoderOnlyTransformer(nn.Module):
           cache: {'k', 'v'} [num_layers, B, S, Hkv, D], or {} to attend within `tokens` only
             (teacher forcing; then starts must be 0).
           select: optional [B, N] indices into T: the head runs on those positions only.
-          write: False returns this call's entries {'k', 'v'} [num_layers, B, T, Hkv, D] in
-            place of the updated cache (the cache is only read).
 
         Returns:
-          (logits [B, T, V] (or [B, N, V]) float32, updated cache (or the entries) or {}).
+          (logits [B, T, V] (or [B, N, V]) float32, this call's entries {'k', 'v'}
+          [num_layers, B, T, Hkv, D] (the cache is only read; `DecoderOnlyLM` writes them) or
+          {}).
         """
         positions = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
         key_length = cache["k"].shape[2] if cache else tokens.shape[1]
@@ -190,13 +182,11 @@ class DecoderOnlyTransformer(nn.Module):
         if self.config.position_embedding == "learned":
             x = x + self.pos_embed(positions)
         x, entries = self._run_layers(x, mask, positions, cache)
-        if cache:  # One in-place write per call, [L, B, T, Hkv, D] at each row's start.
-            cache = _write_entries(cache, entries, starts) if write else entries
         if select is not None:  # The head and what follows it only where they are needed.
             x = jnp.take_along_axis(x, select[..., None], axis=1)
         x = self.final_norm(x)
         logits = self.embed.attend(x) if self.config.tie_embeddings else self.lm_head(x)
-        return logits.astype(jnp.float32), cache
+        return logits.astype(jnp.float32), entries
 
     def _run_layers(self, x, mask, positions, cache):
         """The layer stack: the scanned module, or its parameters through an unrolled copy of it
@@ -289,7 +279,8 @@ class DecoderOnlyLM(FlaxModel):
         Row b's tokens go to cache slots positions[b] .. positions[b] + K - 1 (the caller keeps
         them < cache_length); each query attends to slots <= its own position only.
         """
-        return self.module.apply({"params": params}, tokens, positions, cache)
+        logits, entries = self.module.apply({"params": params}, tokens, positions, cache)
+        return logits, self.write_entries(cache, entries, positions)
 
     def extend_entries(
         self,
@@ -306,9 +297,7 @@ class DecoderOnlyLM(FlaxModel):
         The decoder picks a verify width inside its loop; a conditional whose branches wrote
         the cache made XLA copy the whole cache every round, one write after it does not.
         """
-        logits, entries = self.module.apply(
-            {"params": params}, tokens, positions, cache, write=False
-        )
+        logits, entries = self.module.apply({"params": params}, tokens, positions, cache)
         extra = (pad_to or tokens.shape[1]) - tokens.shape[1]
         pad = lambda e: jnp.pad(e, [(0, 0), (0, 0), (0, extra), (0, 0), (0, 0)])
         return logits, jax.tree.map(pad, entries)
@@ -316,5 +305,7 @@ class DecoderOnlyLM(FlaxModel):
     def write_entries(
         self, cache: dict[str, jax.Array], entries: dict[str, jax.Array], positions: jax.Array
     ) -> dict[str, jax.Array]:
-        """The cache with `extend_entries`'s entries written from each row's position [B]."""
-        return _write_entries(cache, entries, positions)
+        """The cache with `extend_entries`'s entries [L, B, K, Hkv, D] written from each row's
+        position [B]: one in-place write per call."""
+        write = jax.vmap(layers.write_rows, in_axes=(0, 0, None))
+        return {name: write(cache[name], entries[name], positions) for name in ("k", "v")}
