@@ -118,10 +118,13 @@ class WritingInBranches:
 
 
 def round_timers(target, target_params, draft, draft_params, prompt, policies, drafts: int, *,
-                 max_new_tokens: int, classifier=None, compare: bool = True) -> dict:  # fmt: skip
+                 max_new_tokens: int, classifier=None, compare: bool = True,
+                 static_widths: bool = False) -> dict:  # fmt: skip
     """{name: timer of (seconds per round, seconds outside the rounds)} of the decoder's own
     loop (`timing.decoder_round_timers`) in rounds of fixed sizes, so that every program makes
-    the same model calls: 'static-<d>' and 'static-1' (their own rounds), and per dynamic
+    the same model calls: 'static-<d>' and 'static-1' (their own rounds; with static_widths
+    every static-<k> up to the largest SL_max of policies, at most 8: what a round costs by
+    its verify width, k + 1), and per dynamic
     policy '<name>' (rounds of `drafts` drafts), '<name>/1,<d>' (1 and `drafts` in turn: a
     width switch every round), and with compare the same two on `WritingInBranches(target)`
     ('<name>/writing', '<name>/1,<d>/writing'). A dynamic round minus static-<d>'s (or the
@@ -131,7 +134,8 @@ def round_timers(target, target_params, draft, draft_params, prompt, policies, d
 
     tokens, lengths = prompt
     timers = {}
-    for k in sorted({1, drafts}):
+    widest = min(max(p.sl_max for p in policies.values()), 8) if static_widths else drafts
+    for k in sorted({1, drafts} | (set(range(1, widest + 1)) if static_widths else set())):
         static = Lookahead("static", k)
         timed = decoder_round_timers(target, target_params, draft, draft_params, tokens, lengths,
                                      static, max_new_tokens)  # fmt: skip
@@ -161,6 +165,10 @@ def build_parser():
     parser.add_argument("--sl_max", type=int, default=8, help="every dynamic policy's SL_max")
     parser.add_argument("--drafts", type=int, default=4, help="drafts per timed round")
     parser.add_argument("--round_repeats", type=int, default=15, help="interleaved timings")
+    parser.add_argument(
+        "--no_static_widths", action="store_true",
+        help="skip timing static rounds of every size (what a round costs by verify width)",
+    )  # fmt: skip
     parser.add_argument(
         "--no_compare", action="store_true",
         help="skip the dynamic programs with the cache written in the branches",
@@ -196,7 +204,8 @@ def main(argv=None) -> dict:
     }
     print("[rounds] compiling the timed loops ...", file=sys.stderr, flush=True)
     timers = round_timers(*models, policies, args.drafts, classifier=classifier,
-                          compare=not args.no_compare, **common)  # fmt: skip
+                          compare=not args.no_compare,
+                          static_widths=not args.no_static_widths, **common)  # fmt: skip
     interleaved(timers, 1)  # The first runs after compiling are slow.
     results, _ = interleaved(timers, args.round_repeats)
     per_round = {name: np.array([r[0] for r in runs]) * 1e3 for name, runs in results.items()}
@@ -217,6 +226,13 @@ def main(argv=None) -> dict:
         "drafts": d,
         "round_ms": {n: round(float(np.median(v)), 3) for n, v in per_round.items()},
         "above_static_ms": {n: above_static(n) for n in per_round if not n.startswith("static")},
+        # A static round of k drafts over one of 1 draft: how a round's cost grows with its
+        # verify width (k + 1) and drafts, in the decoder's own loop.
+        "static_round_ratio": {
+            n: round(float(np.median(v / per_round["static-1"])), 3)
+            for n, v in per_round.items()
+            if n.startswith("static-")
+        },
         "copies": copies,
     }
     return emit(result, args.json)
