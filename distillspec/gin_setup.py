@@ -29,7 +29,7 @@ import gin
 from distillspec import console, datagen, distributed, tasks, trainer
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
 from distillspec.models.drafts import DraftSpec
-from distillspec.runs import disco, evaluate, quickstart, train
+from distillspec.runs import disco, evaluate, plan, quickstart, train
 from distillspec.sampling import SamplingConfig
 from distillspec.study import pipeline
 
@@ -55,6 +55,9 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
         "study": gin.external_configurable(
             pipeline.study, module="distillspec.study", denylist=["stage", "bindings"]
         ),
+        "plan": gin.external_configurable(
+            plan.plan, module="distillspec.plan", denylist=["stage", "bindings"]
+        ),
     }
     for cls in (TransformerConfig, DecoderOnlyLM, T5Config, T5LM):
         gin.external_configurable(cls, module="distillspec.models")
@@ -75,13 +78,13 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
 
 def run_function(name: str) -> Callable[..., Any]:
     """The gin-configured run function `name` ('train', 'evaluate', 'quickstart', 'disco',
-    'study'), given what only the gin layer knows: the parsed configuration (for
-    MODEL_DIR/config.gin) and, for the quickstart and the study, their stages as gin-configured
-    run functions under scopes."""
+    'study', 'plan'), given what only the gin layer knows: the parsed configuration (for
+    MODEL_DIR/config.gin) and, for the quickstart, the study and the plan, their stages as
+    gin-configured run functions under scopes."""
     configured = register_configurables()[name]
     if name == "train":
         return lambda **kwargs: configured(config_text=config_str(), **kwargs)
-    if name in ("quickstart", "study"):
+    if name in ("quickstart", "study", "plan"):
         return lambda **kwargs: configured(stage=scoped_run, bindings=scoped_bindings, **kwargs)
     return configured
 

@@ -63,6 +63,12 @@ def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[Mapping[str, A
     write_text_atomic(path, "".join(json.dumps(dict(r)) + "\n" for r in records))
 
 
+def write_json_atomic(path: str | os.PathLike, value: Any) -> None:
+    """Replaces path with value as indented JSON, atomically (parent directories created)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_text_atomic(path, json.dumps(value, indent=1) + "\n")
+
+
 def append_records(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> None:
     """Appends one JSON object per line to path (parent directories are created)."""
     path = os.fspath(path)

@@ -6,7 +6,7 @@
         [--disco_json runs/benchmarks/disco.json]
         [--disco_trained_json runs/benchmarks/disco_trained.json]
         [--train_step_json runs/benchmarks/train_step.json]
-        [--versus_trl_json runs/benchmarks/versus_trl.json]
+        [--versus_trl_json runs/benchmarks/versus_trl.json] [--plan runs/plan]
 
 Each flag points at one input; its default is where the documented command writes it. A page is
 written only for the inputs that exist, and docs/results/README.md lists every page with the
@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ from typing import Any
 
 from distillspec import plots, seed_spread, tables
 from distillspec.records import RECORDS_FILE, eval_set, read_jsonl, timing_warnings
+from distillspec.runs import plan_report
 from distillspec.study import report as study_report
 
 QUALITY_FILE = "quality.jsonl"
@@ -64,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--disco_trained_json", default="runs/benchmarks/disco_trained.json")
     add("--train_step_json", default="runs/benchmarks/train_step.json")
     add("--versus_trl_json", default="runs/benchmarks/versus_trl.json")
+    add("--plan", default="runs/plan", help="python -m distillspec.plan --validate's OUTPUT_DIR")
     return parser
 
 
@@ -358,6 +361,23 @@ def versus_trl_page(args: argparse.Namespace, out_dir: str) -> str | None:
     return _record_page(args.versus_trl_json)
 
 
+def plan_page(args: argparse.Namespace, out_dir: str) -> str | None:
+    """The plan's check (validation.json), then the plan it checked (plan.md, plan.png)."""
+    check = _json(os.path.join(args.plan, "validation.json"))
+    if not check:
+        return None
+    plan_md = os.path.join(args.plan, "plan.md")
+    page = plan_report.validation_markdown(check)
+    if os.path.isfile(plan_md):
+        with open(plan_md) as f:
+            body = f.read().split("\n", 1)[1]  # Without its title.
+        page += "\n## The plan it checks\n" + body
+        png = os.path.join(args.plan, "plan.png")
+        if os.path.isfile(png):
+            shutil.copyfile(png, os.path.join(out_dir, "plan.png"))
+    return page
+
+
 QUICKSTART_CMD = "python -m distillspec.quickstart"
 PAGES = (
     Page("quickstart.md", "The main job: Table C.1 and quality", QUICKSTART_CMD, quickstart_page),
@@ -406,6 +426,12 @@ PAGES = (
         "prompts and recipe, one process)",
         "python scripts/versus_trl.py --json runs/benchmarks/versus_trl.json",
         versus_trl_page,
+    ),
+    Page(
+        "plan.md",
+        "The draft plan checked: predicted against measured speed-up of fully trained candidates",
+        "python -m distillspec.plan --gin_file=experiments/plan_quickstart.gin --validate",
+        plan_page,
     ),
 )
 

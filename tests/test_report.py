@@ -48,7 +48,8 @@ def _argv(tmp_path, *extra):
         "--out_dir", str(tmp_path / "results"), "--quickstart", missing, "--disco", missing,
         "--study", missing, "--speculative_json", f"{missing}.json",
         "--disco_json", f"{missing}.json", "--disco_trained_json", f"{missing}.json",
-        "--train_step_json", f"{missing}.json", "--versus_trl_json", f"{missing}.json", *extra,
+        "--train_step_json", f"{missing}.json", "--versus_trl_json", f"{missing}.json",
+        "--plan", missing, *extra,
     ]  # fmt: skip
 
 
@@ -58,7 +59,7 @@ def test_pages_only_for_inputs_that_exist_and_an_index_of_all(tmp_path):
     assert written == {
         "quickstart.md": True, "seeds.md": False, "disco.md": True, "study.md": False,
         "speculative.md": False, "disco_benchmark.md": False, "disco_trained.md": False,
-        "train_step.md": False, "versus_trl.md": False,
+        "train_step.md": False, "versus_trl.md": False, "plan.md": False,
     }  # fmt: skip
     out = tmp_path / "results"
     assert sorted(p.name for p in out.iterdir()) == [
@@ -70,7 +71,7 @@ def test_pages_only_for_inputs_that_exist_and_an_index_of_all(tmp_path):
         assert page.title in index and page.producer in index
     assert "[The main job: Table C.1 and quality](quickstart.md)" in index
     assert "| Benchmark: where a distillation step's time goes |" in index  # Not linked.
-    assert index.count("no: input not found") == 7
+    assert index.count("no: input not found") == 8
 
 
 def test_a_page_is_stamped_and_shows_the_records_figures(tmp_path):
@@ -182,3 +183,37 @@ def test_the_parser_rejects_an_unknown_flag():
     with pytest.raises(SystemExit):
         report.build_parser().parse_args(["--no_such_flag"])
     assert report.cpu_model("/nonexistent")  # Falls back to platform's name.
+
+
+def test_the_plan_page_puts_predicted_against_measured(tmp_path):
+    """The plan's check (`plan_report.validation`) from a plan and measured records: Spearman,
+    the choice against the best measured, each error; the page shows them."""
+    from distillspec.records import write_json_atomic
+    from distillspec.runs import plan_report
+
+    context = {"teacher_checkpoint": "T", "task": "data", "temperature": 1.0, "pilot_steps": 10,
+               "train_steps": 100, "estimate": "held_out", "gammas": [2, 3]}  # fmt: skip
+    predicted = {"a": (3, 1.5), "b": (2, 1.2), "c": (2, 1.1)}  # name: (best gamma, speed-up)
+    rows = {
+        n: {"best_gamma": g, "best_speedup": s, "pilot": {"held_out": 0.6, "proxy": 0.7},
+            "predicted_by_estimate": {"held_out": {g: s}, "proxy": {g: s * 1.1}}}
+        for n, (g, s) in predicted.items()
+    }  # fmt: skip
+    measured = {n: {"latency_speedup": m, "tau": 2.0, "tau_ci95": 0.1, "alpha": 0.5}
+                for n, m in (("a", 1.2), ("b", 1.25), ("c", 1.0))}  # fmt: skip
+    check = plan_report.validation({"candidates": rows, "choice": "a", "context": context},
+                                   measured)  # fmt: skip
+    assert check["spearman"] == pytest.approx(0.5)  # Ranks (1, 2, 3) against (2, 1, 3).
+    assert check["top_choice_vs_best_measured_pct"] == pytest.approx(100 * (1.2 / 1.25 - 1))
+    assert check["max_abs_error_pct"] == pytest.approx(25.0)  # a: 1.5 / 1.2.
+    assert check["by_estimate"]["proxy"]["spearman"] == pytest.approx(0.5)
+    assert check["candidates"]["a"]["predicted_tau"]["held_out"] == pytest.approx(
+        (1 - 0.6**4) / 0.4
+    )
+    plan_dir = tmp_path / "plan"
+    write_json_atomic(plan_dir / "validation.json", check)
+    written = report.main(_argv(tmp_path, "--plan", str(plan_dir)))
+    assert written["plan.md"]
+    page = (tmp_path / "results" / "plan.md").read_text()
+    assert "Spearman (predicted against measured ranking): **0.50**" in page
+    assert "| a | 3 | 1.50x | 1.20x | +25.0% | 2.00 ± 0.10 |" in page

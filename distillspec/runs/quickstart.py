@@ -69,12 +69,13 @@ def pretrained(
     bindings: BindingsFn | None,
     cache_models: bool = True,
     model_cache_dir: str | None = None,
-) -> tuple[str, str]:
-    """Pretrains the target and the standard draft (stages target/ and draft/) into
-    output_dir/{target,draft}, through the model cache unless not `cache_models`, resuming an
-    interrupted stage; returns their export directories (target, draft)."""
+    names: tuple[str, ...] = PRETRAINED,
+) -> tuple[str, ...]:
+    """Pretrains the target and the standard draft (stages target/ and draft/; or only the
+    `names` among them) into output_dir/{target,draft}, through the model cache unless not
+    `cache_models`, resuming an interrupted stage; returns their export directories."""
     path = lambda name: os.path.join(output_dir, name)
-    for name in PRETRAINED:
+    for name in names:
         train = stage(name, "train")
         if not cache_models or (os.path.isdir(path(name)) and not os.path.islink(path(name))):
             train(model_dir=path(name))  # An earlier uncached run here resumes in place.
@@ -84,4 +85,4 @@ def pretrained(
         key = model_cache.fingerprint(bindings(name, "train"))
         cached = model_cache.cached_stage(name, key, train, model_cache_dir)
         model_cache.link(cached, path(name))
-    return tuple(os.path.join(path(name), "export") for name in PRETRAINED)
+    return tuple(os.path.join(path(name), "export") for name in names)

@@ -1,0 +1,303 @@
+"""Which draft to train: candidate drafts for a target, priced before any training.
+
+A draft's call cost does not depend on its weights, so every candidate is priced with random
+weights on the machine the pair will serve on (`measure_plan_profile`):
+
+  c, r_gamma   model calls alone (`costs.measure_profiles`): the acceptance rate alpha each
+               candidate needs for S* = tau / (gamma c + r_gamma) = 1, 1.5, 2 (`alpha_needed`);
+  round_ms     a static round of gamma drafts in the decoder's own loop
+               (`timing.decoder_round_timers`: the model calls *and* the decoder's own work,
+               which on small models is a large part of a round), and a plain decoding step.
+
+Acceptance is what training decides; a short pilot distillation estimates it. Given the
+acceptance rate a = 1 - mean TVD(target, draft) (DistillSpec Fig. 3c), a static round of gamma
+drafts yields tau(gamma) = (1 - a^(gamma+1)) / (1 - a) tokens, and a decoding run of N tokens
+costs plain: outside + N step, speculative: outside(gamma) + (N / tau) round(gamma)
+(`predicted_speedup`). A candidate that loses even when every draft is accepted can never win
+(`never_wins`). The profile JSON extends `costs.load_profile`'s format with a 'candidates'
+section, so a profile measured on another machine prices the plan there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from distillspec import lookahead as sl
+from distillspec.evaluation import costs, timing
+from distillspec.evaluation.drafts import tau_from_alpha
+from distillspec.models import load_checkpoint
+from distillspec.models.drafts import DraftSpec, make_draft, num_params
+
+SPEEDUPS = (1.0, 1.5, 2.0)  # The S* whose needed alpha a plan lists.
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A draft a plan prices: made for the target (`spec`) or a checkpoint directory."""
+
+    name: str
+    spec: DraftSpec | None = None
+    checkpoint: str | None = None
+
+    def __post_init__(self):
+        if (self.spec is None) == (self.checkpoint is None):
+            raise ValueError(f"candidate {self.name!r}: give exactly one of spec and checkpoint")
+
+    @property
+    def kind(self) -> str:
+        if self.checkpoint:
+            return "checkpoint"
+        return "target layers" if self.spec.from_target_layers else "fresh"
+
+    def gin(self) -> str:
+        """The draft as `python -m distillspec.train --gin_file=runs/distill.gin` takes it."""
+        if self.checkpoint:
+            return f"STUDENT_CHECKPOINT = {self.checkpoint!r}\nSTUDENT = None\n"
+        lines = ["STUDENT_CHECKPOINT = None", "STUDENT = @DraftSpec()"]
+        for field in dataclasses.fields(DraftSpec):
+            value = getattr(self.spec, field.name)
+            if value != field.default:
+                lines.append(f"DraftSpec.{field.name} = {value!r}")
+        return "\n".join(lines) + "\n"
+
+
+def _layers(config) -> int:
+    return getattr(config, "num_layers", None) or config.num_decoder_layers
+
+
+def default_candidates(target, checkpoints: Sequence[str] = ()) -> list[Candidate]:
+    """The grid a plan prices by default: fresh drafts of 1 and L/2 layers (L the target's) at
+    the target's width / 2, / 4 and / 8 (at least 16), the target's own first layers (1 and
+    L/2, below L) and each checkpoint given."""
+    config = target.config
+    depth = _layers(config)
+    out = []
+    for layers in sorted({1, max(1, depth // 2)}):
+        for shift in (1, 2, 3):
+            width = config.embed_dim >> shift
+            if width >= 16:
+                spec = DraftSpec(num_layers=layers, embed_dim=width)
+                out.append(Candidate(f"fresh-{layers}x{width}", spec=spec))
+    for k in sorted({1, depth // 2}):
+        if 1 <= k < depth:
+            out.append(Candidate(f"target-layers-{k}", spec=DraftSpec(from_target_layers=k)))
+    for i, path in enumerate(checkpoints):
+        name = os.path.basename(os.path.normpath(path)) or f"checkpoint-{i}"
+        out.append(Candidate(f"checkpoint-{name}", checkpoint=path))
+    names = [c.name for c in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two candidates share a name: {names}; give the checkpoints "
+                         "distinct directory names")  # fmt: skip
+    return out
+
+
+def build(candidate: Candidate, target, target_params, seed: int = 0) -> tuple[Any, Any]:
+    """(model, params) of a candidate: random weights from seed, copied layers, or loaded."""
+    if candidate.checkpoint:
+        return load_checkpoint(candidate.checkpoint)
+    return make_draft(candidate.spec, target, target_params, seed)
+
+
+# --------------------------------------------------------------------------------------------
+# Costs: measured here, or read from another machine's profile.
+# --------------------------------------------------------------------------------------------
+
+
+def measure_plan_profile(
+    target, target_params, drafts: Mapping[str, tuple[Any, Any]], prompt, gammas: Sequence[int],
+    max_new_tokens: int, repeats: int = costs.REPEATS,
+) -> dict[str, Any]:  # fmt: skip
+    """The plan's cost profile at batch 1 on prompt (tokens [1, P], lengths [1]): the
+    `costs.measure_profiles` calls (target widths 1..max(gammas)+1, draft widths 1, 2) plus,
+    timed interleaved `repeats` times (medians), the decoder's own loop: 'plain_ms' {'step',
+    'outside'} and per draft 'round_ms' / 'outside_ms' by gamma (a static round; a run's
+    prefill, dispatch and output)."""
+    tokens, lengths = prompt
+    widths = range(1, max(gammas) + 2)
+    calls = costs.measure_profiles(target, target_params, drafts, tokens, lengths, widths,
+                                   max_new_tokens, repeats, draft_widths=(1, 2))  # fmt: skip
+    loops = {("plain", 0): (target, target_params, None, None, None)}
+    for name, (draft, draft_params) in drafts.items():
+        for gamma in gammas:
+            loops[name, gamma] = (target, target_params, draft, draft_params,
+                                  sl.Lookahead("static", gamma))  # fmt: skip
+    timers = {
+        key: timing.decoder_round_timers(t, tp, d, dp, tokens, lengths, policy, max_new_tokens)[0][
+            0
+        ]  # fmt: skip
+        for key, (t, tp, d, dp, policy) in loops.items()
+    }
+    seen = {key: [] for key in timers}
+    for _ in range(repeats):
+        for key, timer in timers.items():
+            seen[key].append(timer())
+    ms = {key: [1e3 * statistics.median(s[i] for s in runs) for i in (0, 1)]
+          for key, runs in seen.items()}  # fmt: skip
+    positive = lambda x: x if x > 0 else None
+    first = next(iter(drafts))
+    return {
+        "target_ms": calls[first]["target_ms"],
+        "draft_ms": calls[first]["draft_ms"],
+        "plain_ms": {"step": positive(ms["plain", 0][0]), "outside": ms["plain", 0][1]},
+        "max_new_tokens": max_new_tokens,
+        "candidates": {
+            name: {
+                "params": num_params(draft),
+                "megabytes": timing.megabytes(draft_params),
+                "draft_ms": calls[name]["draft_ms"],
+                "round_ms": {g: positive(ms[name, g][0]) for g in gammas},
+                "outside_ms": {g: ms[name, g][1] for g in gammas},
+            }
+            for name, (draft, draft_params) in drafts.items()
+        },
+    }
+
+
+def _widths(entries: Any, where: str) -> dict[int, float | None]:
+    if not isinstance(entries, dict):
+        raise ValueError(f"{where} must map widths or gammas to milliseconds, got {entries!r}")
+    out = {}
+    for key, ms in entries.items():
+        if not (str(key).isdigit() and int(key) >= 1):
+            raise ValueError(f"{where}: key {key!r} is not an integer >= 1")
+        if ms is not None and not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms >= 0):
+            raise ValueError(f"{where}[{key}] = {ms!r}; want milliseconds >= 0 (or null)")
+        out[int(key)] = None if ms is None else float(ms)
+    return out
+
+
+def load_plan_profile(path: str) -> dict[str, Any]:
+    """A plan profile from JSON (`measure_plan_profile`'s, as `records.write_json_atomic`
+    wrote it): the target's calls as `costs.load_profile` reads them, and its 'candidates';
+    ValueError naming the bad entry. A profile without candidates (`python -m
+    distillspec.benchmarks.disco --write_profile`'s) cannot price a plan: an error too."""
+    profile = costs.load_profile(path)
+    with open(path) as f:
+        raw = json.load(f)
+    found = raw.get("candidates")
+    if not isinstance(found, dict) or not found:
+        raise ValueError(
+            f"cost profile {path} has no 'candidates' section (a plan prices each candidate's "
+            "calls): measure it with python -m distillspec.plan --measure_profile PATH on the "
+            "serving machine"
+        )
+    profile["candidates"] = {}
+    for name, entry in found.items():
+        where = f"cost profile {path}: candidates[{name!r}]"
+        if not isinstance(entry, dict) or "draft_ms" not in entry:
+            raise ValueError(f"{where} must hold 'draft_ms' (and 'round_ms', 'outside_ms')")
+        parsed = {key: _widths(entry.get(key, {}), f"{where}.{key}")
+                  for key in ("draft_ms", "round_ms", "outside_ms")}  # fmt: skip
+        if not parsed["draft_ms"].get(1):
+            raise ValueError(f"{where}.draft_ms has no call of width 1 (> 0 ms)")
+        parsed["params"] = entry.get("params")
+        parsed["megabytes"] = entry.get("megabytes")
+        profile["candidates"][name] = parsed
+    plain = raw.get("plain_ms") or {}
+    profile["plain_ms"] = {"step": plain.get("step"), "outside": plain.get("outside", 0.0)}
+    profile["max_new_tokens"] = raw.get("max_new_tokens")
+    return profile
+
+
+def check_profile_covers(profile: Mapping[str, Any], names: Sequence[str], gammas) -> None:
+    """ValueError unless the profile prices every candidate name at widths up to max gamma + 1."""
+    missing = [n for n in names if n not in profile["candidates"]]
+    if missing:
+        raise ValueError(
+            f"the cost profile has no costs for candidates {missing} (it has "
+            f"{sorted(profile['candidates'])}): measure it with the same candidates "
+            "(the same plan configuration) on the serving machine"
+        )
+    widest = max(w for w, ms in profile["target_ms"].items() if ms)
+    if widest < max(gammas) + 1:
+        raise ValueError(
+            f"the cost profile's target calls reach width {widest}; gammas up to {max(gammas)} "
+            f"need width {max(gammas) + 1}: measure it with the same plan.gammas"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Predictions.
+# --------------------------------------------------------------------------------------------
+
+
+def call_ratios(profile: Mapping[str, Any], name: str, gammas) -> tuple[float | None, dict]:
+    """(c, {gamma: r_gamma}) of candidate `name` (None where a timer came out <= 0)."""
+    target = profile["target_ms"]
+    one = target.get(1)
+    ratio = lambda x: x / one if x and one else None
+    draft = profile["candidates"][name]["draft_ms"]
+    return ratio(draft.get(1)), {g: ratio(target.get(g + 1)) for g in gammas}
+
+
+def alpha_needed(gamma: int, c: float | None, r_gamma: float | None, speedup: float):
+    """The acceptance rate (accepted / proposed drafts, so tau = 1 + gamma alpha) at which
+    S* = tau / (gamma c + r_gamma) reaches `speedup`; None when not even alpha = 1 does (or a
+    cost is unknown)."""
+    if c is None or r_gamma is None:
+        return None
+    alpha = (speedup * (gamma * c + r_gamma) - 1) / gamma
+    return None if alpha > 1 else max(alpha, 0.0)
+
+
+def predicted_speedup(profile: Mapping[str, Any], name: str, taus: Mapping[int, float],
+                      max_new_tokens: int | None = None) -> dict[int, float | None]:  # fmt: skip
+    """{gamma: batch-1 latency speed-up} at block efficiency taus[gamma]: from the decoder's
+    own timed rounds where the profile has them (a run of max_new_tokens, module docstring),
+    else S* = tau / (gamma c + r_gamma) (model calls alone; the decoder's work free)."""
+    entry = profile["candidates"][name]
+    plain = profile.get("plain_ms") or {}
+    tokens = max_new_tokens or profile.get("max_new_tokens") or 64
+    c, r = call_ratios(profile, name, list(taus))
+    out = {}
+    for gamma, tau in taus.items():
+        rounds = entry.get("round_ms", {}).get(gamma)
+        if rounds and plain.get("step"):
+            base = plain.get("outside", 0.0) + tokens * plain["step"]
+            spec = entry.get("outside_ms", {}).get(gamma, 0.0) + tokens / tau * rounds
+            out[gamma] = base / spec
+        else:
+            out[gamma] = costs.ideal_speedup(tau, gamma, c, r[gamma])
+    return out
+
+
+def ceiling(profile: Mapping[str, Any], name: str, gammas: Sequence[int]):
+    """(gamma, speed-up) of candidate `name` at its best gamma were every draft accepted
+    (tau = gamma + 1): no training can take it higher. (None, None) if untimed."""
+    best = predicted_speedup(profile, name, {g: g + 1.0 for g in gammas})
+    known = {g: s for g, s in best.items() if s is not None}
+    if not known:
+        return None, None
+    gamma = max(known, key=known.get)
+    return gamma, known[gamma]
+
+
+def never_wins(profile: Mapping[str, Any], name: str, gammas: Sequence[int]) -> str | None:
+    """Why candidate `name` loses at every gamma even when every draft is accepted, or None
+    when it can win (or its costs could not be timed)."""
+    gamma, best = ceiling(profile, name, gammas)
+    if best is None or best >= 1:
+        return None
+    c, _ = call_ratios(profile, name, [gamma])
+    return (
+        f"even accepting every draft it is at most {best:.2f}x (gamma {gamma}): a draft call "
+        f"costs c = {c:.2f} of a target call, so a round of drafts costs more than the target "
+        "calls it saves"
+    )
+
+
+def taus_from_alpha(alpha: float, gammas: Sequence[int]) -> dict[int, float]:
+    """{gamma: tau} of per-token acceptance rate alpha (`drafts.tau_from_alpha`)."""
+    return {g: tau_from_alpha(min(max(alpha, 0.0), 1.0), g) for g in gammas}
+
+
+def rank(predicted: Mapping[str, Mapping[int, float | None]], params: Mapping[str, int]):
+    """Candidate names best first: highest predicted speed-up over gamma, then fewer params."""
+    best = lambda n: max((s for s in predicted[n].values() if s is not None), default=0.0)
+    return sorted(predicted, key=lambda n: (-best(n), params[n]))

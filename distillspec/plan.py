@@ -1,0 +1,55 @@
+"""Which draft to train, before training it (see `distillspec.runs.plan`).
+
+    python -m distillspec.plan --gin_file=runs/plan.gin --gin.TEACHER_CHECKPOINT=\\"DIR\\" \\
+        --gin.MIXTURE_OR_TASK_NAME=\\"DATA\\" --gin.OUTPUT_DIR=\\"OUT\\" [--gin.PILOT_STEPS=0] \\
+        [--profile FILE | --measure_profile FILE] [--validate [--json FILE]]
+    python -m distillspec.plan --gin_file=experiments/plan_quickstart.gin   # embedded default
+
+--measure_profile FILE only times the candidates (random weights, no training) and writes their
+costs: run it on the machine the pair will serve on, then plan anywhere with --profile FILE.
+--validate also trains every candidate that can win with the recipe's full steps and measures
+each with the speculative decoder (OUT/validation.{json,md}; --json FILE: a copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from distillspec import console
+
+console.quiet_startup()  # Before anything imports TensorFlow.
+
+from distillspec import gin_setup  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The plan's own flags (the gin flags are `gin_setup.parse_command_line`'s)."""
+    parser = argparse.ArgumentParser(prog="python -m distillspec.plan", add_help=False)
+    parser.add_argument("--profile", help="price with this cost profile (--measure_profile)")
+    parser.add_argument(
+        "--measure_profile",
+        metavar="FILE",
+        help="only time the candidates here and write their costs to FILE",
+    )
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="train the candidates fully and compare predicted with measured",
+    )
+    parser.add_argument("--json", help="--validate: write the check's JSON here too")
+    return parser
+
+
+def main(argv: list[str] | None = None):
+    args, rest = build_parser().parse_known_args(argv if argv is not None else sys.argv[1:])
+    bindings = {"profile": args.profile, "measure_profile": args.measure_profile,
+                "json_path": args.json}  # fmt: skip
+    rest += [f"--gin.plan.{name}={value!r}" for name, value in bindings.items() if value]
+    if args.validate:
+        rest.append("--gin.plan.validate=True")
+    gin_setup.main("plan", rest)
+
+
+if __name__ == "__main__":
+    main()

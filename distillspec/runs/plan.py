@@ -1,0 +1,309 @@
+"""The plan run function: which draft to train for a target, before the long distillation.
+
+    python -m distillspec.plan --gin_file=runs/plan.gin --gin.TEACHER_CHECKPOINT=\\"DIR\\" \\
+        --gin.MIXTURE_OR_TASK_NAME=\\"DATA\\" --gin.OUTPUT_DIR=\\"OUT\\" [--gin.PILOT_STEPS=0]
+        [--profile FILE | --measure_profile FILE] [--validate [--json FILE]]
+
+For each candidate draft (`planning.default_candidates`: fresh shapes, the target's own first
+layers, checkpoints given) it measures the costs at batch 1 with random weights (or reads them
+from a profile measured on the serving machine), lists the acceptance rate each needs to break
+even, runs a short pilot distillation of each (the recipe's own `train`, its steps cut to
+pilot_steps) and estimates its acceptance on held-out prompts, predicts its batch-1 speed-up
+per gamma and ranks the candidates. OUTPUT_DIR receives plan.json, plan.md, plan.png and
+draft.gin (the chosen draft, for `python -m distillspec.train --gin_file=runs/distill.gin`).
+validate: trains every candidate that can win with the recipe's full steps, evaluates each
+with the speculative decoder at its predicted best gamma and writes validation.json (predicted
+against measured speed-up, Spearman) and validation.md. Pilots and full runs resume from their
+MODEL_DIRs under OUTPUT_DIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from distillspec import checkpoints, tasks
+from distillspec.evaluation import planning
+from distillspec.evaluation.drafts import mean_tvd, plain_call
+from distillspec.models import load_checkpoint
+from distillspec.models.base import for_decoding
+from distillspec.models.drafts import DraftSpec
+from distillspec.records import read_jsonl, write_json_atomic
+from distillspec.runs import plan_report, quickstart
+from distillspec.runs.common import check_models_serve, prompt_sets
+from distillspec.sampling import SamplingConfig
+from distillspec.vocabularies import load_tokenizer
+
+ESTIMATES = ("held_out", "proxy")
+RECIPE = "distill"  # The gin scope whose `train` bindings are the recipe (unscoped ones apply).
+PROXY_SHARE = 0.25  # The trainer's acceptance proxy averaged over the pilot's last quarter.
+
+
+def _check(pilot_steps, estimate, profile, measure_profile, gammas, temperature, validate):
+    if not (isinstance(pilot_steps, int) and pilot_steps >= 0):
+        raise ValueError(f"plan.pilot_steps must be an integer >= 0 (0: no pilot), got "
+                         f"{pilot_steps!r}")  # fmt: skip
+    if estimate not in ESTIMATES:
+        raise ValueError(f"plan.estimate must be one of {ESTIMATES}, got {estimate!r}")
+    if profile and measure_profile:
+        raise ValueError("give at most one of --profile (price with it) and --measure_profile "
+                         "(write one here)")  # fmt: skip
+    if not gammas or any(not (isinstance(g, int) and 1 <= g <= 32) for g in gammas):
+        raise ValueError(f"plan.gammas must be integers in [1, 32], got {gammas!r}")
+    if not (isinstance(temperature, (int, float)) and temperature >= 0):
+        raise ValueError(f"plan.temperature must be >= 0, got {temperature!r}")
+    if estimate == "proxy" and temperature != 1:
+        raise ValueError("plan.estimate = 'proxy' is the trainer's acceptance at T = 1; at "
+                         f"temperature {temperature} use 'held_out'")  # fmt: skip
+    if validate and not pilot_steps:
+        raise ValueError("--validate checks the pilot's predictions: set plan.pilot_steps > 0")
+
+
+def plan(
+    output_dir: str,
+    teacher_checkpoint: str | None = None,
+    candidates: Sequence[DraftSpec] | None = None,
+    checkpoints_given: Sequence[str] = (),
+    gammas: Sequence[int] = tuple(range(1, 9)),
+    temperature: float = 1.0,
+    pilot_steps: int = 50,
+    estimate: str = "held_out",
+    eval_split: str = "validation",
+    num_prompts: int = 32,
+    timing_repeats: int = 5,
+    profile: str | None = None,
+    measure_profile: str | None = None,
+    validate: bool = False,
+    json_path: str | None = None,
+    validate_prompts: int = 64,
+    latency_prompts: int = 16,
+    seed: int = 0,
+    cache_models: bool = True,
+    model_cache_dir: str | None = None,
+    *,
+    stage: quickstart.StageFn,
+    bindings: quickstart.BindingsFn,
+) -> dict[str, Any]:
+    """Plans (and with `validate` checks) which draft to train; returns plan.json's content.
+
+    Args:
+      output_dir: OUTPUT_DIR (plan.*, draft.gin, pilot/<candidate>, validate/<candidate>).
+      teacher_checkpoint: the target (Hugging Face or T5X directory); None: the embedded
+        default's target (the quickstart's target/ stage, through the model cache).
+      candidates: DraftSpecs to price (named by their sizes) instead of the default grid.
+      checkpoints_given: draft checkpoint directories priced beside them (warm starts).
+      gammas: lookaheads priced; temperature: the serving temperature.
+      pilot_steps: steps of each pilot distillation (0: no pilot, candidates ranked by the
+        acceptance rate they need to break even).
+      estimate: the pilot draft's acceptance: 'held_out' (1 - mean TVD to the target on
+        num_prompts prompts of eval_split) or 'proxy' (the trainer's, at T = 1).
+      timing_repeats: interleaved timings per cost (medians).
+      profile / measure_profile: price with a profile from the serving machine / only measure
+        one here and write it (`planning.measure_plan_profile`).
+      validate, json_path, validate_prompts, latency_prompts: the check (module docstring).
+      seed: the candidates' random weights and the pilots' data order.
+      stage, bindings: the gin layer's run functions and their arguments (the recipe: the
+        distill/ scope's `train`; the check's `evaluate` under evaluate/).
+    """
+    _check(pilot_steps, estimate, profile, measure_profile, gammas, temperature, validate)
+    gammas = sorted(set(gammas))
+    checkpoints.check_writable(output_dir)
+    recipe = bindings(RECIPE, "train")
+    if teacher_checkpoint is None:  # The embedded default's target.
+        teacher_checkpoint = quickstart.pretrained(
+            output_dir, stage, bindings, cache_models, model_cache_dir, names=("target",)
+        )[0]
+    target, target_params, chosen, drafts, task, bos = _open(
+        teacher_checkpoint, candidates, checkpoints_given, recipe, seed
+    )
+    vocab_size, lengths = recipe.get("vocab_size"), recipe["task_feature_lengths"]
+    batches = prompt_sets([(task, eval_split)], lengths, num_prompts, min(num_prompts, 16),
+                          bos)[(task, eval_split)]  # fmt: skip
+    decoding = lambda pair: for_decoding(*pair, "float32")
+    target, target_params = decoding((target, target_params))
+    costs = _costs(profile, target, target_params, {n: decoding(p) for n, p in drafts.items()},
+                   batches[0], gammas, lengths["targets"], timing_repeats)  # fmt: skip
+    if measure_profile:
+        write_json_atomic(measure_profile, costs)
+        print(f"[plan] cost profile of {len(drafts)} candidates written to {measure_profile}",
+              file=sys.stderr)  # fmt: skip
+        return costs
+    rows = {c.name: _priced(c, costs, gammas) for c in chosen}
+    if pilot_steps:
+        reference = _continuations(target, target_params, batches, temperature, lengths, seed)
+        for candidate in chosen:
+            if rows[candidate.name]["never_wins"]:
+                continue
+            rows[candidate.name]["pilot"] = _pilot(
+                candidate, os.path.join(output_dir, "pilot", candidate.name), pilot_steps,
+                teacher_checkpoint, recipe, stage, (target, target_params), reference,
+                temperature, vocab_size,
+            )  # fmt: skip
+            _predict(
+                candidate.name, rows[candidate.name], costs, estimate, gammas, lengths["targets"]
+            )
+    result = plan_report.finish(output_dir, chosen, rows, costs, dict(
+        teacher_checkpoint=teacher_checkpoint, task=recipe["task"], gammas=gammas,
+        temperature=temperature, pilot_steps=pilot_steps, estimate=estimate,
+        profile=profile, train_steps=recipe["loop"].train_steps,
+    ))  # fmt: skip
+    if validate:
+        check = _validate(output_dir, chosen, result, teacher_checkpoint, recipe, stage,
+                          temperature, validate_prompts, latency_prompts)  # fmt: skip
+        plan_report.write_validation(output_dir, check, json_path)
+        result["validation"] = check
+    return result
+
+
+def _open(teacher_checkpoint, candidates, checkpoints_given, recipe, seed):
+    """(target, params, candidates, {name: (model, params)} with random weights, the data's
+    registered task, the prompts' BOS), checked to serve each other."""
+    tokenizer = load_tokenizer(recipe.get("vocabulary"), teacher_checkpoint)
+    target, target_params = load_checkpoint(teacher_checkpoint)
+    chosen = [planning.Candidate(_spec_name(s), spec=s) for s in candidates or ()]
+    chosen = (chosen or planning.default_candidates(target, ())) + [
+        c for c in planning.default_candidates(target, checkpoints_given) if c.checkpoint
+    ]
+    drafts = {c.name: planning.build(c, target, target_params, seed) for c in chosen}
+    check_models_serve({"target": target, **{n: m for n, (m, _) in drafts.items()}}, tokenizer,
+                       recipe.get("vocab_size"), "train.vocab_size")  # fmt: skip
+    task = tasks.register_task(
+        tasks.as_task(recipe["task"]), tokenizer.vocabulary,
+        tfds_data_dir=recipe.get("tfds_data_dir"), inputs_eos=target.encoder_decoder,
+        bos_id=tokenizer.prompt_bos,
+    )  # fmt: skip
+    return target, target_params, chosen, drafts, task, tokenizer.prompt_bos
+
+
+def _spec_name(spec: DraftSpec) -> str:
+    if spec.from_target_layers:
+        return f"target-layers-{spec.from_target_layers}"
+    return f"fresh-{spec.num_layers or 'auto'}x{spec.embed_dim or 'auto'}"
+
+
+def _costs(profile, target, target_params, drafts, batch, gammas, max_new_tokens, repeats):
+    """The plan's profile: read from `profile` (checked against the candidates), else measured
+    here on the first held-out prompt."""
+    if profile:
+        costs = planning.load_plan_profile(profile)
+        planning.check_profile_covers(costs, list(drafts), gammas)
+        return costs
+    print(
+        f"[plan] timing {len(drafts)} candidates at batch 1 with random weights "
+        f"(gammas {gammas[0]}..{gammas[-1]}, {repeats} repeats)",
+        file=sys.stderr,
+        flush=True,
+    )
+    prompt = (np.asarray(batch["prompt_tokens"])[:1], np.asarray(batch["prompt_lengths"])[:1])
+    return planning.measure_plan_profile(target, target_params, drafts, prompt, gammas,
+                                         max_new_tokens, repeats)  # fmt: skip
+
+
+def _priced(candidate, costs, gammas) -> dict[str, Any]:
+    """A plan row before any pilot: sizes, c, r_gamma, the alpha needed per S*, never_wins."""
+    entry = costs["candidates"][candidate.name]
+    c, r = planning.call_ratios(costs, candidate.name, gammas)
+    needed = {
+        f"{s:g}": {g: planning.alpha_needed(g, c, r[g], s) for g in gammas}
+        for s in planning.SPEEDUPS
+    }
+    return {
+        "kind": candidate.kind, "params": entry["params"], "megabytes": entry["megabytes"],
+        "c": c, "r_gamma": r, "alpha_needed": needed,
+        "never_wins": planning.never_wins(costs, candidate.name, gammas),
+        "ceiling": planning.ceiling(costs, candidate.name, gammas),
+        "gin": candidate.gin(), "pilot": None, "alpha": None, "predicted_speedup": None,
+    }  # fmt: skip
+
+
+def _continuations(target, target_params, batches, temperature, lengths, seed):
+    """The target's own continuations of the held-out prompts (the TVD is taken along them)."""
+    sampling = SamplingConfig(temperature=temperature)
+    rng = jax.random.PRNGKey(seed)
+    kwargs = dict(max_new_tokens=lengths["targets"], eos_id=None)
+    results = [plain_call(target, target_params, rng, sampling, kwargs, i, b)
+               for i, b in enumerate(batches)]  # fmt: skip
+    return batches, results, sampling
+
+
+def _pilot(candidate, model_dir, steps, teacher_checkpoint, recipe, stage, target, reference,
+           temperature, vocab_size) -> dict[str, Any]:  # fmt: skip
+    """A short distillation of the candidate with the recipe; its acceptance both ways."""
+    print(f"[plan] pilot of {candidate.name}: {steps} steps", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    loop = dataclasses.replace(recipe["loop"], train_steps=steps,
+                               checkpoint_period=max(steps, 1))  # fmt: skip
+    _train(stage, candidate, model_dir, teacher_checkpoint, loop)
+    seconds = time.perf_counter() - start
+    draft, draft_params = for_decoding(*load_checkpoint(os.path.join(model_dir, "export")),
+                                       "float32")  # fmt: skip
+    batches, continuations, sampling = reference
+    tvd = mean_tvd(*target, draft, draft_params, batches, continuations, sampling, vocab_size)
+    logged = [m["acceptance_proxy"] for m in read_jsonl(os.path.join(model_dir, "metrics.jsonl"))
+              if m.get("acceptance_proxy") is not None]  # fmt: skip
+    tail = logged[-max(1, int(len(logged) * PROXY_SHARE)) :]
+    return {
+        "steps": steps, "seconds": round(seconds, 1),
+        "held_out": 1.0 - tvd if math.isfinite(tvd) else None,
+        "proxy": statistics.fmean(tail) if tail else None,
+    }  # fmt: skip
+
+
+def _train(stage, candidate, model_dir, teacher_checkpoint, loop) -> str:
+    stage(RECIPE, "train")(
+        model_dir=model_dir, teacher_checkpoint=teacher_checkpoint, student=candidate.spec,
+        student_checkpoint=candidate.checkpoint, loop=loop,
+    )  # fmt: skip
+    return os.path.join(model_dir, "export")
+
+
+def _predict(name, row, costs, estimate, gammas, max_new_tokens) -> None:
+    alpha = row["pilot"][estimate]
+    if alpha is None:  # Non-finite logits were caught by mean_tvd; a proxy may be missing.
+        return
+    row["alpha"] = alpha
+    row["predicted_by_estimate"] = {
+        e: planning.predicted_speedup(costs, name, planning.taus_from_alpha(a, gammas),
+                                      max_new_tokens)
+        for e, a in row["pilot"].items() if e in ESTIMATES and a is not None
+    }  # fmt: skip
+    row["predicted_speedup"] = row["predicted_by_estimate"][estimate]
+
+
+def _validate(output_dir, chosen, result, teacher_checkpoint, recipe, stage, temperature,
+              num_prompts, latency_prompts) -> dict[str, Any]:  # fmt: skip
+    """Trains each candidate that can win with the full recipe and measures it at its predicted
+    best gamma; `plan_report.validation` compares."""
+    measured = {}
+    for candidate in chosen:
+        row = result["candidates"][candidate.name]
+        if row["never_wins"] or not row["predicted_speedup"]:
+            continue
+        gamma = row["best_gamma"]
+        directory = os.path.join(output_dir, "validate", candidate.name)
+        print(
+            f"[plan] validation: training {candidate.name} fully "
+            f"({recipe['loop'].train_steps} steps)",
+            file=sys.stderr,
+            flush=True,
+        )
+        export = _train(stage, candidate, directory, teacher_checkpoint, recipe["loop"])
+        records = stage("evaluate", "evaluate")(
+            output_dir=os.path.join(directory, "evaluate"), target_checkpoint=teacher_checkpoint,
+            drafts={candidate.name: export}, eval_sets=[(recipe["task"], "test")],
+            task_feature_lengths=recipe["task_feature_lengths"], num_prompts=num_prompts,
+            gammas=[gamma], temperatures=[temperature], latency_prompts=latency_prompts,
+            quality=False, policies=(), vocabulary=recipe.get("vocabulary"),
+            vocab_size=recipe.get("vocab_size"), tfds_data_dir=recipe.get("tfds_data_dir"),
+        )  # fmt: skip
+        measured[candidate.name] = next(r for r in records if r.get("gamma") == gamma)
+    return plan_report.validation(result, measured)

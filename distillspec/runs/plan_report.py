@@ -1,0 +1,263 @@
+"""What `distillspec.runs.plan` writes: plan.json, plan.md, plan.png, draft.gin, the terminal
+summary, and the check of a plan against fully trained drafts (validation.json / .md)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from distillspec.evaluation import planning
+from distillspec.records import write_json_atomic
+
+NO_PILOT = "no pilot: ranked by the acceptance rate each needs to break even (lowest first)"
+
+
+def _best(row) -> tuple[int | None, float | None]:
+    known = {g: s for g, s in (row["predicted_speedup"] or {}).items() if s is not None}
+    if not known:
+        return None, None
+    gamma = max(known, key=known.get)
+    return gamma, known[gamma]
+
+
+def _break_even(row) -> float:
+    """The lowest acceptance rate at which the candidate breaks even at some gamma (2: never)."""
+    found = [a for a in row["alpha_needed"]["1"].values() if a is not None]
+    return min(found, default=2.0)
+
+
+def finish(output_dir: str, chosen, rows: dict[str, dict], costs, context) -> dict[str, Any]:
+    """Ranks the rows, writes OUTPUT_DIR/plan.{json,md,png} and draft.gin, prints the summary;
+    returns plan.json's content."""
+    for row in rows.values():
+        row["best_gamma"], row["best_speedup"] = _best(row)
+    piloted = any(row["predicted_speedup"] for row in rows.values())
+    if piloted:
+        key = lambda n: (rows[n]["best_speedup"] is None, -(rows[n]["best_speedup"] or 0),
+                         rows[n]["params"])  # fmt: skip
+    else:
+        key = lambda n: (_break_even(rows[n]), rows[n]["params"])
+    order = sorted(rows, key=lambda n: (rows[n]["never_wins"] is not None, *key(n)))
+    for i, name in enumerate(order, 1):
+        rows[name]["rank"] = i
+    winners = [n for n in order if not rows[n]["never_wins"]]
+    choice = winners[0] if winners else None
+    result = {"context": context, "choice": choice, "order": order, "candidates": rows,
+              "profile": costs}  # fmt: skip
+    os.makedirs(output_dir, exist_ok=True)
+    write_json_atomic(os.path.join(output_dir, "plan.json"), result)
+    headline = _headline(choice, rows, piloted, len(rows))
+    with open(os.path.join(output_dir, "plan.md"), "w") as f:
+        f.write(markdown(result, headline))
+    plot(rows, os.path.join(output_dir, "plan.png"))
+    if choice:
+        by_name = {c.name: c for c in chosen}
+        with open(os.path.join(output_dir, "draft.gin"), "w") as f:
+            f.write(draft_gin(by_name[choice], context, headline))
+    print(summary(result, headline, output_dir))
+    return result
+
+
+def _headline(choice, rows, piloted: bool, count: int) -> str:
+    if choice is None:
+        return (f"No candidate of {count} can win on this machine's costs, even accepting every "
+                "draft: price smaller drafts (plan.candidates)")  # fmt: skip
+    row = rows[choice]
+    size = f"{row['params'] / 1e6:.2f} M parameters, c = {row['c']:.3f}"
+    if piloted and row["best_speedup"] and row["best_speedup"] < 1:
+        return (
+            f"No candidate is predicted to speed decoding up after its pilot; the best, "
+            f"{choice} ({size}), gives {row['best_speedup']:.2f}x at gamma "
+            f"{row['best_gamma']}: a longer pilot (PILOT_STEPS) or cheaper drafts may"
+        )
+    if piloted and row["best_speedup"]:
+        return (
+            f"Train {choice} ({size}): predicted {row['best_speedup']:.2f}x batch-1 latency "
+            f"at gamma {row['best_gamma']}, the best of {count} candidates after a pilot"
+        )
+    return (f"Train {choice} ({size}): it breaks even at the lowest acceptance rate "
+            f"({_break_even(row):.2f}) of {count} candidates ({NO_PILOT})")  # fmt: skip
+
+
+def _fmt(x, digits=2, none="—") -> str:
+    return none if x is None else f"{x:.{digits}f}"
+
+
+def markdown(result: Mapping[str, Any], headline: str) -> str:
+    """plan.md: the headline, one row per candidate, the acceptance needed per gamma."""
+    ctx, rows = result["context"], result["candidates"]
+    gammas = ctx["gammas"]
+    out = [f"# Draft plan\n\n**{headline}.**\n",
+           f"Target `{ctx['teacher_checkpoint']}`, data `{ctx['task']}`, temperature "
+           f"{ctx['temperature']:g}, costs "
+           + (f"from the profile `{ctx['profile']}`" if ctx["profile"] else "measured here")
+           + f"; pilot {ctx['pilot_steps']} steps of the recipe ({ctx['train_steps']} in a full "
+           f"run), acceptance estimate `{ctx['estimate']}`.\n",
+           "| Rank | Candidate | Kind | Params (M) | MB | c | α pilot (held out / proxy) "
+           "| Predicted speed-up (γ) | Pilot (s) | Never wins |",
+           "|---:|---|---|---:|---:|---:|---|---|---:|---|"]  # fmt: skip
+    for name in result["order"]:
+        row = rows[name]
+        pilot = row["pilot"] or {}
+        speed = (f"{row['best_speedup']:.2f}x ({row['best_gamma']})" if row["best_speedup"]
+                 else "—")  # fmt: skip
+        out.append(
+            f"| {row['rank']} | {name} | {row['kind']} | {row['params'] / 1e6:.3f} | "
+            f"{_fmt(row['megabytes'])} | {_fmt(row['c'], 3)} | {_fmt(pilot.get('held_out'))} / "
+            f"{_fmt(pilot.get('proxy'))} | {speed} | {_fmt(pilot.get('seconds'), 0)} | "
+            f"{row['never_wins'] or ''} |"
+        )
+    out += ["", "Acceptance rate α (accepted / proposed drafts) each candidate needs for an "
+            "ideal speed-up S* = τ / (γc + r_γ) of 1 / 1.5 / 2 (— : not even at α = 1):", "",
+            "| Candidate | " + " | ".join(f"γ = {g}" for g in gammas) + " |",
+            "|---|" + "---|" * len(gammas)]  # fmt: skip
+    for name in result["order"]:
+        needed = rows[name]["alpha_needed"]
+        cells = [" / ".join(_fmt(needed[f"{s:g}"][g]) for s in planning.SPEEDUPS) for g in gammas]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    out += ["", "![predicted speed-up against draft parameters](plan.png)", ""]
+    return "\n".join(out)
+
+
+def summary(result: Mapping[str, Any], headline: str, output_dir: str) -> str:
+    """The terminal summary, at most 100 columns."""
+    lines = [headline[i : i + 100] for i in range(0, len(headline), 100)]
+    lines.append(f"{'rank':>4}  {'candidate':<24} {'params M':>8} {'c':>6} {'alpha':>6} "
+                 f"{'speed-up':>9} {'gamma':>5}  note")  # fmt: skip
+    for name in result["order"]:
+        row = result["candidates"][name]
+        note = "never wins" if row["never_wins"] else ""
+        lines.append(
+            f"{row['rank']:>4}  {name[:24]:<24} {row['params'] / 1e6:>8.3f} {_fmt(row['c'], 3):>6} "
+            f"{_fmt(row['alpha']):>6} {_fmt(row['best_speedup']):>9} "
+            f"{row['best_gamma'] or '—':>5}  {note}"
+        )
+    lines.append(f"plan.md, plan.png, plan.json, draft.gin: {output_dir}")
+    return "\n".join(line[:100] for line in lines)
+
+
+def draft_gin(candidate, context, headline: str) -> str:
+    """draft.gin: the chosen draft for `python -m distillspec.train`."""
+    return (
+        f"# {headline}.\n# Written by python -m distillspec.plan. Train it with the recipe:\n"
+        "#   python -m distillspec.train --gin_file=runs/distill.gin --gin_file=draft.gin \\\n"
+        f'#     --gin.TEACHER_CHECKPOINT=\\"{context["teacher_checkpoint"]}\\" '
+        '--gin.MODEL_DIR=\\"DIR\\"\n' + candidate.gin()
+    )
+
+
+def plot(rows: Mapping[str, Mapping[str, Any]], path: str) -> None:
+    """plan.png: each candidate's predicted speed-up (pilot) and its ceiling (every draft
+    accepted) against its parameters, with the break-even line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, row in rows.items():
+        x = row["params"] / 1e6
+        ceiling = (row.get("ceiling") or (None, None))[1]
+        if ceiling:
+            ax.scatter([x], [ceiling], marker="_", color="grey", s=200)
+        if row["best_speedup"]:
+            ax.scatter([x], [row["best_speedup"]], color="C0")
+        ax.annotate(name, (x, row["best_speedup"] or ceiling or 1.0), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
+    ax.axhline(1.0, color="C3", linestyle="--", label="break-even (1x)")
+    ax.scatter([], [], color="C0", label="predicted after the pilot (best γ)")
+    ax.scatter([], [], marker="_", color="grey", label="ceiling: every draft accepted")
+    ax.set_xscale("log")
+    ax.set_xlabel("draft parameters (M)")
+    ax.set_ylabel("batch-1 latency speed-up")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------
+# The check: predicted against measured.
+# --------------------------------------------------------------------------------------------
+
+
+def validation(result: Mapping[str, Any], measured: Mapping[str, Mapping[str, Any]]) -> dict:
+    """Predicted against measured batch-1 speed-up per trained candidate (at its predicted best
+    gamma), the Spearman correlation of the two rankings, how far the plan's choice measures
+    below the best measured, and each acceptance estimate's error against the measured tau."""
+    import scipy.stats
+
+    rows = result["candidates"]
+    per = {}
+    for name, record in measured.items():
+        row, gamma = rows[name], rows[name]["best_gamma"]
+        pilot = row["pilot"]
+        per[name] = {
+            "gamma": gamma, "predicted_speedup": row["best_speedup"],
+            "measured_speedup": record["latency_speedup"], "tau": record["tau"],
+            "tau_ci95": record["tau_ci95"], "alpha": record["alpha"],
+            "predicted_tau": {e: planning.taus_from_alpha(pilot[e], [gamma])[gamma]
+                              for e in ("held_out", "proxy") if pilot.get(e) is not None},
+            "error_pct": 100 * (row["best_speedup"] / record["latency_speedup"] - 1),
+        }  # fmt: skip
+    names = list(per)
+    predicted = [per[n]["predicted_speedup"] for n in names]
+    actual = [per[n]["measured_speedup"] for n in names]
+    correlation = lambda xs: float(scipy.stats.spearmanr(xs, actual)[0]) if len(xs) > 2 else None
+    spearman = correlation(predicted)
+    by_estimate = {}
+    for estimate in ("held_out", "proxy"):
+        found = [rows[n].get("predicted_by_estimate", {}).get(estimate) for n in names]
+        if all(found):
+            xs = [f[per[n]["gamma"]] for f, n in zip(found, names)]
+            by_estimate[estimate] = {
+                "spearman": correlation(xs),
+                "mean_abs_error_pct": sum(abs(100 * (x / a - 1)) for x, a in zip(xs, actual))
+                / len(xs),
+            }
+    best = max(actual) if actual else None
+    top = result["choice"]
+    return {
+        "candidates": per,
+        "spearman": spearman,
+        "top_choice": top,
+        "top_choice_vs_best_measured_pct": (
+            100 * (per[top]["measured_speedup"] / best - 1) if top in per and best else None),
+        "max_abs_error_pct": max((abs(p["error_pct"]) for p in per.values()), default=None),
+        "by_estimate": by_estimate,
+        "context": result["context"],
+    }  # fmt: skip
+
+
+def validation_markdown(check: Mapping[str, Any]) -> str:
+    """The check as Markdown (validation.md, and the results page)."""
+    ctx = check["context"]
+    out = [
+        f"Target `{ctx['teacher_checkpoint']}`, data `{ctx['task']}`, T = {ctx['temperature']:g}; "
+        f"pilot {ctx['pilot_steps']} steps, full runs {ctx['train_steps']} steps, acceptance "
+        f"estimate `{ctx['estimate']}`.\n",
+        f"- Spearman (predicted against measured ranking): **{_fmt(check['spearman'])}**",
+        f"- The plan's choice, {check['top_choice']}, measures "
+        f"**{_fmt(check['top_choice_vs_best_measured_pct'], 1)}%** against the best measured",
+        f"- Largest |predicted / measured − 1|: **{_fmt(check['max_abs_error_pct'], 1)}%**\n",
+        "| Candidate | γ | Predicted speed-up | Measured speed-up | Error | τ measured (95% "
+        "interval over prompts) | τ predicted: held out / proxy |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]  # fmt: skip
+    for name, p in check["candidates"].items():
+        taus = p["predicted_tau"]
+        out.append(
+            f"| {name} | {p['gamma']} | {p['predicted_speedup']:.2f}x | "
+            f"{p['measured_speedup']:.2f}x | {p['error_pct']:+.1f}% | {p['tau']:.2f} ± "
+            f"{p['tau_ci95']:.2f} | {_fmt(taus.get('held_out'))} / {_fmt(taus.get('proxy'))} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def write_validation(output_dir: str, check: Mapping[str, Any], json_path: str | None) -> None:
+    for path in {os.path.join(output_dir, "validation.json"), json_path} - {None}:
+        write_json_atomic(path, check)
+    with open(os.path.join(output_dir, "validation.md"), "w") as f:
+        f.write("# Plan check\n\n" + validation_markdown(check))
+    print(validation_markdown(check))

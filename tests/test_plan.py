@@ -1,0 +1,193 @@
+"""The draft planner (`python -m distillspec.plan`): its arithmetic, the cost profile's round
+trip between machines, and the command end to end on a tiny target (pilot, outputs, and the
+draft.gin that `python -m distillspec.train` takes as is)."""
+
+from __future__ import annotations
+
+import json
+
+import gin
+import jax
+import pytest
+
+from distillspec import gin_setup
+from distillspec import plan as plan_cli
+from distillspec.evaluation import planning
+from distillspec.models import DecoderOnlyLM, TransformerConfig, load_checkpoint
+from distillspec.models.drafts import num_params
+from distillspec.runs.common import export
+from distillspec.vocabularies import load_tokenizer
+
+TARGET = TransformerConfig(vocab_size=260, embed_dim=64, num_layers=2, num_heads=4,
+                           num_kv_heads=2, head_dim=16, mlp_dim=128, init_std=0.5)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    """A tiny random Llama-style target with the byte tokenizer, as a Hugging Face directory."""
+    model = DecoderOnlyLM(TARGET)
+    path = str(tmp_path_factory.mktemp("plan") / "target")
+    export(model, model.init(jax.random.PRNGKey(0)), load_tokenizer("byte", None), path)
+    return path
+
+
+def _flags(target_dir, out, *extra):
+    return [
+        "--gin_file=runs/plan.gin", f"--gin.TEACHER_CHECKPOINT='{target_dir}'",
+        f"--gin.OUTPUT_DIR='{out}'", "--gin.train.vocabulary='byte'",
+        "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.train.max_examples=64",
+        "--gin.BATCH_SIZE=4", "--gin.plan.gammas=[1, 2, 3]", "--gin.plan.num_prompts=4",
+        "--gin.plan.timing_repeats=1", *extra,
+    ]  # fmt: skip
+
+
+def _run(argv):
+    gin.clear_config()
+    try:
+        plan_cli.main(argv)
+    finally:
+        gin.clear_config()
+
+
+# --------------------------------------------------------------------------------------------
+# Arithmetic.
+# --------------------------------------------------------------------------------------------
+
+
+def _profile(draft_ms=0.1, round_ms=None):
+    """A synthetic plan profile: target calls 1 ms + 0.1 ms per extra position."""
+    target = {w: 1.0 + 0.1 * (w - 1) for w in range(1, 10)}
+    entry = {"draft_ms": {1: draft_ms, 2: draft_ms}, "round_ms": round_ms or {},
+             "outside_ms": {}, "params": 10, "megabytes": 0.1}  # fmt: skip
+    return {"target_ms": target, "draft_ms": {1: draft_ms}, "plain_ms": {"step": 1.0,
+            "outside": 0.0}, "max_new_tokens": 64, "candidates": {"d": entry}}  # fmt: skip
+
+
+def test_alpha_needed_reaches_the_speedup_exactly():
+    c, r = 0.1, 1.3
+    for gamma in (1, 3, 8):
+        for s in planning.SPEEDUPS:
+            alpha = planning.alpha_needed(gamma, c, r, s)
+            if alpha is None:  # Not even alpha = 1 reaches it.
+                assert (1 + gamma) / (gamma * c + r) < s
+            elif alpha == 0:  # Reached with no draft accepted.
+                assert 1 / (gamma * c + r) >= s
+            else:
+                assert (1 + gamma * alpha) / (gamma * c + r) == pytest.approx(s)
+    assert planning.alpha_needed(3, None, 1.0, 1.0) is None
+
+
+def test_predicted_speedup_prices_the_decoders_rounds_or_the_ideal_formula():
+    ideal = planning.predicted_speedup(_profile(), "d", {3: 2.5})
+    assert ideal[3] == pytest.approx(2.5 / (3 * 0.1 + 1.3))  # S*: no timed round.
+    timed = planning.predicted_speedup(_profile(round_ms={3: 2.0}), "d", {3: 2.5}, 64)
+    assert timed[3] == pytest.approx(64 * 1.0 / (64 / 2.5 * 2.0))
+
+
+def test_a_draft_that_cannot_win_even_accepting_everything_is_marked_with_the_reason():
+    assert planning.never_wins(_profile(draft_ms=0.1), "d", [1, 2, 3]) is None
+    reason = planning.never_wins(_profile(draft_ms=1.0), "d", [1, 2, 3])
+    assert "c = 1.00" in reason and "even accepting every draft" in reason
+    gamma, best = planning.ceiling(_profile(draft_ms=1.0), "d", [1, 2, 3])
+    assert best < 1 and best == pytest.approx((gamma + 1) / (gamma * 1.0 + 1 + 0.1 * gamma))
+
+
+def test_default_candidates_and_their_gin():
+    target = DecoderOnlyLM(TARGET)
+    found = planning.default_candidates(target, ["/ckpt/warm"])
+    names = [c.name for c in found]
+    assert names == ["fresh-1x32", "fresh-1x16", "target-layers-1", "checkpoint-warm"]
+    assert [c.kind for c in found] == ["fresh", "fresh", "target layers", "checkpoint"]
+    assert "DraftSpec.num_layers = 1\nDraftSpec.embed_dim = 32" in found[0].gin()
+    assert "DraftSpec.from_target_layers = 1" in found[2].gin()
+    assert found[3].gin().startswith("STUDENT_CHECKPOINT = '/ckpt/warm'")
+    with pytest.raises(ValueError, match="exactly one of spec and checkpoint"):
+        planning.Candidate("x")
+
+
+# --------------------------------------------------------------------------------------------
+# The profile between machines.
+# --------------------------------------------------------------------------------------------
+
+
+def test_profile_round_trip_and_its_errors(tmp_path, target_dir):
+    """A profile measured by --measure_profile prices the plan elsewhere (--profile) with the
+    same c; a profile without candidates, or missing one, is refused by name."""
+    path = tmp_path / "profile.json"
+    _run(["--measure_profile", str(path), *_flags(target_dir, tmp_path / "m")])
+    raw = json.loads(path.read_text())
+    assert set(raw["candidates"]) == {"fresh-1x32", "fresh-1x16", "target-layers-1"}
+    assert set(raw["candidates"]["fresh-1x32"]["round_ms"]) == {"1", "2", "3"}
+    assert raw["plain_ms"]["step"] > 0 and set(raw["target_ms"]) == {str(w) for w in range(1, 5)}
+    loaded = planning.load_plan_profile(str(path))
+    for name, entry in raw["candidates"].items():
+        assert loaded["candidates"][name]["draft_ms"][1] == entry["draft_ms"]["1"]
+    # Priced elsewhere: inflate one candidate's costs so that it can never win there.
+    raw["candidates"]["fresh-1x16"]["draft_ms"] = {"1": 100.0, "2": 100.0}
+    raw["candidates"]["fresh-1x16"]["round_ms"] = {g: 1e4 for g in ("1", "2", "3")}
+    path.write_text(json.dumps(raw))
+    out = tmp_path / "priced"
+    _run(["--profile", str(path), *_flags(target_dir, out, "--gin.PILOT_STEPS=0")])
+    result = json.loads((out / "plan.json").read_text())
+    c = raw["candidates"]["fresh-1x32"]["draft_ms"]["1"] / raw["target_ms"]["1"]
+    assert result["candidates"]["fresh-1x32"]["c"] == pytest.approx(c)
+    assert "even accepting every draft" in result["candidates"]["fresh-1x16"]["never_wins"]
+    assert result["order"][-1] == "fresh-1x16" and result["choice"] != "fresh-1x16"
+    # Refused: a profile of another pair's candidates, and one without any (disco's format).
+    del raw["candidates"]["target-layers-1"]
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"no costs for candidates \['target-layers-1'\]"):
+        _run(["--profile", str(path), *_flags(target_dir, out, "--gin.PILOT_STEPS=0")])
+    del raw["candidates"]
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="no 'candidates' section"):
+        planning.load_plan_profile(str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# End to end.
+# --------------------------------------------------------------------------------------------
+
+
+def test_plan_end_to_end_and_its_draft_trains_as_is(tmp_path, target_dir, capsys):
+    out = tmp_path / "plan"
+    _run(_flags(target_dir, out, "--gin.PILOT_STEPS=3"))
+    result = json.loads((out / "plan.json").read_text())
+    rows = result["candidates"]
+    assert sorted(r["rank"] for r in rows.values()) == [1, 2, 3]
+    for row in rows.values():
+        assert row["params"] > 0 and row["c"] > 0 and row["never_wins"] is None
+        assert set(row["predicted_speedup"]) == {"1", "2", "3"}
+        assert 0 <= row["pilot"]["held_out"] <= 1 and 0 <= row["pilot"]["proxy"] <= 1
+        assert row["pilot"]["steps"] == 3
+    best = lambda n: max(rows[n]["predicted_speedup"].values())
+    assert [best(n) for n in result["order"]] == sorted(map(best, rows), reverse=True)
+    text = (out / "plan.md").read_text()
+    assert result["choice"] in text.splitlines()[2] and (out / "plan.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert printed and max(len(line) for line in printed.splitlines()) <= 100
+    # draft.gin is the chosen draft for `train`, as is.
+    model_dir = tmp_path / "train"
+    gin.clear_config()
+    try:
+        gin_setup.main("train", [
+            "--gin_file=runs/distill.gin", f"--gin_file={out / 'draft.gin'}",
+            f"--gin.TEACHER_CHECKPOINT='{target_dir}'", f"--gin.MODEL_DIR='{model_dir}'",
+            "--gin.train.vocabulary='byte'", "--gin.TRAIN_STEPS=1", "--gin.BATCH_SIZE=2",
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+            "--gin.train.max_examples=16",
+        ])  # fmt: skip
+    finally:
+        gin.clear_config()
+    draft, _ = load_checkpoint(str(model_dir / "export"))
+    assert num_params(draft) == rows[result["choice"]]["params"]
+
+
+def test_bad_plan_settings_are_refused_by_name(tmp_path, target_dir):
+    with pytest.raises(ValueError, match="'proxy' is the trainer's acceptance at T = 1"):
+        _run(_flags(target_dir, tmp_path, "--gin.plan.estimate='proxy'",
+                    "--gin.plan.temperature=0.0"))  # fmt: skip
+    with pytest.raises(ValueError, match="plan.pilot_steps must be an integer >= 0"):
+        _run(_flags(target_dir, tmp_path, "--gin.PILOT_STEPS=-1"))
+    with pytest.raises(ValueError, match="--validate checks the pilot's predictions"):
+        _run(["--validate", *_flags(target_dir, tmp_path, "--gin.PILOT_STEPS=0")])
