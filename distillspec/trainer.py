@@ -262,6 +262,9 @@ class LoopConfig:
     """How long and how the loop runs."""
 
     train_steps: int = 100  # Total optimizer steps (TRAIN_STEPS); a resumed run stops here too.
+    # Stop after this step instead: the run's first stop_at steps, exactly as a run of
+    # train_steps takes them (the schedule still spans train_steps). None = train_steps.
+    stop_at: int | None = None
     batch_size: int = 16  # Sequences per step (BATCH_SIZE), split over the mesh's 'data' axis.
     seed: int = 0  # Data order, data sources and sampling derive from (seed, step).
     checkpoint_period: int = 50  # Steps between checkpoints (and one at the end).
@@ -276,6 +279,13 @@ class LoopConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"LoopConfig.{name} must be an integer >= 1, got {value!r}")
+        if self.stop_at is not None and not (
+            isinstance(self.stop_at, int) and 1 <= self.stop_at <= self.train_steps
+        ):
+            raise ValueError(
+                f"LoopConfig.stop_at must be None or an integer in [1, train_steps = "
+                f"{self.train_steps}], got {self.stop_at!r}"
+            )
         shards = self.data_shards
         if shards is not None and not (isinstance(shards, int) and shards >= 1):
             raise ValueError(
@@ -456,7 +466,8 @@ def _with_cached_teacher(batch, topk, data: datagen.ShardedData, step: int, loop
     return {**batch, **topk.rows(indices, store.prompt_lengths[indices], length)}
 
 
-def _report_start(description: str, start: int, train_steps: int, model_dir: str, primary: bool):
+def _report_start(description: str, start: int, train_steps: int, model_dir: str, primary: bool,
+                  stop_at: int | None = None):  # fmt: skip
     """One line (process 0): what is trained, fresh or resumed from which step."""
     if start > train_steps:
         raise ValueError(
@@ -469,6 +480,8 @@ def _report_start(description: str, start: int, train_steps: int, model_dir: str
             if start
             else f"starting fresh: {train_steps} steps into {model_dir}"
         )
+        if stop_at and stop_at < train_steps:
+            where += f", stopping after step {stop_at} (LoopConfig.stop_at)"
         print(f"[train] {description}; {where}", file=sys.stderr, flush=True)
 
 
@@ -533,13 +546,14 @@ def fit(
     start, restored = 0, ckpt.restore_latest(state)
     if restored is not None:
         start, state = restored
-    _report_start(description, start, loop.train_steps, model_dir, primary)
+    _report_start(description, start, loop.train_steps, model_dir, primary, loop.stop_at)
+    last = loop.stop_at or loop.train_steps
     step_fn = compile_train_step(models.student, models.teacher, loss, optimizer, shardings, mesh)
     make_batch = compile_step_batch(models, mixture, eos_id, mesh)
     schedule = make_schedule(optimizer_config, loop.train_steps)
     logger = _NoLogger()
     if primary:
-        logger = metrics.MetricsLogger(model_dir, loop.train_steps, start, console=console)
+        logger = metrics.MetricsLogger(model_dir, last, start, console=console)
     evaluate = lambda: evaluate_student(
         models, state.params, eval_prompts, evaluation, eos_id, eval_max_new_tokens
     )
@@ -550,7 +564,7 @@ def fit(
     # try/finally: a FloatingPointError (or Ctrl-C) still flushes the logs and releases orbax.
     try:
         with watcher:
-            for step in range(start, loop.train_steps):
+            for step in range(start, last):
                 batch, fractions = _step_batch(
                     data, step, loop, state.params, models, mixture, make_batch, mesh
                 )
@@ -560,15 +574,13 @@ def fit(
                 record = host_metrics(step_metrics, schedule(step), timer.lap())
                 record.update(fractions)
                 check_finite(record, step + 1, last_saved, model_dir)
-                if evaluation.enabled and (
-                    (step + 1) % evaluation.period == 0 or step + 1 == loop.train_steps
-                ):
+                if evaluation.enabled and ((step + 1) % evaluation.period == 0 or step + 1 == last):
                     record.update(evaluate())
                     timer.lap()  # The evaluation's time is not the next step's.
                 logger.log(step + 1, record)
                 # Asked at every step by every process: they all get the same answer.
-                stop = watcher.requested(step + 1) and step + 1 < loop.train_steps
-                end = (step + 1) % loop.checkpoint_period == 0 or step + 1 == loop.train_steps
+                stop = watcher.requested(step + 1) and step + 1 < last
+                end = (step + 1) % loop.checkpoint_period == 0 or step + 1 == last
                 if (end or stop) and step + 1 != last_saved:
                     # The step's loss was computed before its update, so a finite loss does
                     # not mean finite new parameters (e.g. an overflowing learning rate):

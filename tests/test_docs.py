@@ -33,7 +33,7 @@ PAGES = (
     "getting-started", "your-own-model", "training", "evaluation", "decoding",
     "dynamic-lookahead", "study", "t5x-checkpoints", "benchmarks", "design",
 )  # fmt: skip
-GIN_RUNS = {"train", "evaluate", "quickstart", "disco", "study"}
+GIN_RUNS = {"train", "evaluate", "quickstart", "disco", "study", "plan"}
 OWN_FLAGS = {"quickstart": "--output_dir", "study": "--output_dir"}  # Parsed before gin's flags.
 IMPLICIT_GIN = {"quickstart": "experiments/quickstart.gin"}
 SHELL_BLOCKS = ("", "bash", "sh", "shell", "console")
@@ -99,7 +99,12 @@ def _split_gin_flags(args: list[str]) -> tuple[list[str], list[str], list[str]]:
 
 
 def _drop_own_flag(run: str, args: list[str]) -> list[str]:
-    """Removes the flag (and its value) that `run`'s entry point parses before gin's."""
+    """Removes the flag (and its value) that `run`'s entry point parses before gin's (the
+    plan's own flags: its `build_parser`, which fails on a bad one)."""
+    if run == "plan":
+        from distillspec import plan
+
+        return plan.build_parser().parse_known_args(args)[1]
     flag, out, skip = OWN_FLAGS.get(run), [], False
     for arg in args:
         if skip:

@@ -37,7 +37,7 @@ def _flags(target_dir, out, *extra):
         f"--gin.OUTPUT_DIR='{out}'", "--gin.train.vocabulary='byte'",
         "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.train.max_examples=64",
         "--gin.BATCH_SIZE=4", "--gin.plan.gammas=[1, 2, 3]", "--gin.plan.num_prompts=4",
-        "--gin.plan.timing_repeats=1", *extra,
+        "--gin.plan.timing_repeats=3", *extra,
     ]  # fmt: skip
 
 
@@ -90,6 +90,17 @@ def test_a_draft_that_cannot_win_even_accepting_everything_is_marked_with_the_re
     assert "c = 1.00" in reason and "even accepting every draft" in reason
     gamma, best = planning.ceiling(_profile(draft_ms=1.0), "d", [1, 2, 3])
     assert best < 1 and best == pytest.approx((gamma + 1) / (gamma * 1.0 + 1 + 0.1 * gamma))
+
+
+def test_the_learning_curve_extends_a_pilot_to_the_full_run():
+    """A proxy whose disagreement follows 0.8 t^-0.25 exactly: the fit recovers the exponent,
+    so the ratio from step 100 to 800 is 8^-0.25; a flat or rising curve shrinks nothing."""
+    curve = [(t, 1 - 0.8 * t**-0.25) for t in range(1, 101)]
+    assert planning.curve_ratio(curve, 800) == pytest.approx(8**-0.25)
+    assert planning.curve_ratio(curve, 100) == 1.0  # Not past the pilot.
+    assert planning.curve_ratio([(t, 0.5 - 0.001 * t) for t in range(1, 101)], 800) == 1.0
+    alphas = planning.pilot_alphas({"held_out": 0.6, "proxy": None, "curve_ratio": 0.5})
+    assert alphas == {"held_out": 0.6, "held_out+curve": pytest.approx(0.8)}
 
 
 def test_default_candidates_and_their_gin():

@@ -186,34 +186,40 @@ def test_the_parser_rejects_an_unknown_flag():
 
 
 def test_the_plan_page_puts_predicted_against_measured(tmp_path):
-    """The plan's check (`plan_report.validation`) from a plan and measured records: Spearman,
-    the choice against the best measured, each error; the page shows them."""
+    """The plan's check (`plan_report.validation`) from a plan and measured records: each
+    candidate's best speed-up both ways, Spearman, the choice against the best measured, each
+    error; the page shows them."""
     from distillspec.records import write_json_atomic
     from distillspec.runs import plan_report
 
     context = {"teacher_checkpoint": "T", "task": "data", "temperature": 1.0, "pilot_steps": 10,
                "train_steps": 100, "estimate": "held_out", "gammas": [2, 3]}  # fmt: skip
-    predicted = {"a": (3, 1.5), "b": (2, 1.2), "c": (2, 1.1)}  # name: (best gamma, speed-up)
+    predicted = {"a": {2: 1.4, 3: 1.5}, "b": {2: 1.2, 3: 1.1}, "c": {2: 1.1, 3: 1.0}}
     rows = {
-        n: {"best_gamma": g, "best_speedup": s, "pilot": {"held_out": 0.6, "proxy": 0.7},
-            "predicted_by_estimate": {"held_out": {g: s}, "proxy": {g: s * 1.1}}}
-        for n, (g, s) in predicted.items()
+        n: {"predicted_speedup": s, "pilot": {"held_out": 0.6, "proxy": 0.7, "curve_ratio": 1.0},
+            "predicted_by_estimate": {"held_out": s, "proxy": {g: x * 1.1 for g, x in s.items()}}}
+        for n, s in predicted.items()
     }  # fmt: skip
-    measured = {n: {"latency_speedup": m, "tau": 2.0, "tau_ci95": 0.1, "alpha": 0.5}
-                for n, m in (("a", 1.2), ("b", 1.25), ("c", 1.0))}  # fmt: skip
+    record = lambda speedup: {"latency_speedup": speedup, "tau": 2.0, "tau_ci95": 0.1, "alpha": 0.5}
+    measured = {n: {2: record(m2), 3: record(m3)}
+                for n, m2, m3 in (("a", 1.1, 1.2), ("b", 1.25, 1.0), ("c", 1.0, 0.9))}  # fmt: skip
     check = plan_report.validation({"candidates": rows, "choice": "a", "context": context},
                                    measured)  # fmt: skip
+    a = check["candidates"]["a"]
+    assert (a["predicted_gamma"], a["measured_gamma"], a["measured_at_predicted_gamma"]) == (
+        3,
+        3,
+        1.2,
+    )
     assert check["spearman"] == pytest.approx(0.5)  # Ranks (1, 2, 3) against (2, 1, 3).
     assert check["top_choice_vs_best_measured_pct"] == pytest.approx(100 * (1.2 / 1.25 - 1))
     assert check["max_abs_error_pct"] == pytest.approx(25.0)  # a: 1.5 / 1.2.
     assert check["by_estimate"]["proxy"]["spearman"] == pytest.approx(0.5)
-    assert check["candidates"]["a"]["predicted_tau"]["held_out"] == pytest.approx(
-        (1 - 0.6**4) / 0.4
-    )
+    assert a["predicted_tau"]["held_out"] == pytest.approx((1 - 0.6**4) / 0.4)
     plan_dir = tmp_path / "plan"
     write_json_atomic(plan_dir / "validation.json", check)
     written = report.main(_argv(tmp_path, "--plan", str(plan_dir)))
     assert written["plan.md"]
     page = (tmp_path / "results" / "plan.md").read_text()
     assert "Spearman (predicted against measured ranking): **0.50**" in page
-    assert "| a | 3 | 1.50x | 1.20x | +25.0% | 2.00 ± 0.10 |" in page
+    assert "| a | 1.50x (3) | 1.20x (3) | +25.0% | 1.20x | 2.00 ± 0.10 |" in page

@@ -35,6 +35,7 @@ from distillspec.models import load_checkpoint
 from distillspec.models.drafts import DraftSpec, make_draft, num_params
 
 SPEEDUPS = (1.0, 1.5, 2.0)  # The S* whose needed alpha a plan lists.
+ESTIMATES = ("held_out", "proxy")  # A pilot's acceptance estimates (`pilot_alphas`).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +158,18 @@ def measure_plan_profile(
             for name, (draft, draft_params) in drafts.items()
         },
     }
+
+
+def untimed(profile: Mapping[str, Any]) -> list[str]:
+    """The entries of a measured plan profile whose timers came out <= 0 (None)."""
+    found = [f"{kind}[{w}]" for kind in ("target_ms", "draft_ms")
+             for w, ms in profile[kind].items() if ms is None]  # fmt: skip
+    if not (profile.get("plain_ms") or {}).get("step"):
+        found.append("plain_ms.step")
+    for name, entry in profile["candidates"].items():
+        for kind in ("draft_ms", "round_ms"):
+            found += [f"{name}.{kind}[{w}]" for w, ms in entry[kind].items() if ms is None]
+    return found
 
 
 def _widths(entries: Any, where: str) -> dict[int, float | None]:
@@ -297,7 +310,28 @@ def taus_from_alpha(alpha: float, gammas: Sequence[int]) -> dict[int, float]:
     return {g: tau_from_alpha(min(max(alpha, 0.0), 1.0), g) for g in gammas}
 
 
-def rank(predicted: Mapping[str, Mapping[int, float | None]], params: Mapping[str, int]):
-    """Candidate names best first: highest predicted speed-up over gamma, then fewer params."""
-    best = lambda n: max((s for s in predicted[n].values() if s is not None), default=0.0)
-    return sorted(predicted, key=lambda n: (-best(n), params[n]))
+def curve_ratio(curve: Sequence[tuple[int, float]], steps: int) -> float:
+    """How much a draft's disagreement with the target (1 - acceptance) shrinks from the end of
+    its pilot to `steps` steps of the same recipe: a power law a t^-b fitted (least squares in
+    log-log) to the trainer's per-step 1 - acceptance proxy over the pilot's second half, b
+    clipped to [0, 1]. curve: (step, proxy) pairs; 1.0 when steps is not past the pilot or the
+    curve is too short to fit."""
+    import numpy as np
+
+    last = max((t for t, _ in curve), default=0)
+    points = [(t, 1.0 - p) for t, p in curve if t > last / 2 and 0 < 1.0 - p <= 1]
+    if steps <= last or len(points) < 4:
+        return 1.0
+    t, gap = np.log(np.array(points, dtype=float)).T
+    b = float(np.clip(-np.polyfit(t, gap, 1)[0], 0.0, 1.0))
+    return (steps / last) ** -b
+
+
+def pilot_alphas(pilot: Mapping[str, Any]) -> dict[str, float]:
+    """A pilot's acceptance estimates: 'held_out' (1 - mean TVD to the target on held-out
+    prompts), 'proxy' (the trainer's own, at T = 1), and each '+curve': extended to the full
+    run along the pilot's learning curve (1 - alpha times `curve_ratio`)."""
+    out = {e: pilot[e] for e in ESTIMATES if pilot.get(e) is not None}
+    ratio = pilot.get("curve_ratio", 1.0)
+    out.update({f"{e}+curve": 1.0 - (1.0 - a) * ratio for e, a in list(out.items())})
+    return out

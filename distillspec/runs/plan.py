@@ -43,7 +43,6 @@ from distillspec.runs.common import check_models_serve, prompt_sets
 from distillspec.sampling import SamplingConfig
 from distillspec.vocabularies import load_tokenizer
 
-ESTIMATES = ("held_out", "proxy")
 RECIPE = "distill"  # The gin scope whose `train` bindings are the recipe (unscoped ones apply).
 PROXY_SHARE = 0.25  # The trainer's acceptance proxy averaged over the pilot's last quarter.
 
@@ -52,8 +51,9 @@ def _check(pilot_steps, estimate, profile, measure_profile, gammas, temperature,
     if not (isinstance(pilot_steps, int) and pilot_steps >= 0):
         raise ValueError(f"plan.pilot_steps must be an integer >= 0 (0: no pilot), got "
                          f"{pilot_steps!r}")  # fmt: skip
-    if estimate not in ESTIMATES:
-        raise ValueError(f"plan.estimate must be one of {ESTIMATES}, got {estimate!r}")
+    valid = [*planning.ESTIMATES, *(e + "+curve" for e in planning.ESTIMATES)]
+    if estimate not in valid:
+        raise ValueError(f"plan.estimate must be one of {valid}, got {estimate!r}")
     if profile and measure_profile:
         raise ValueError("give at most one of --profile (price with it) and --measure_profile "
                          "(write one here)")  # fmt: skip
@@ -61,7 +61,7 @@ def _check(pilot_steps, estimate, profile, measure_profile, gammas, temperature,
         raise ValueError(f"plan.gammas must be integers in [1, 32], got {gammas!r}")
     if not (isinstance(temperature, (int, float)) and temperature >= 0):
         raise ValueError(f"plan.temperature must be >= 0, got {temperature!r}")
-    if estimate == "proxy" and temperature != 1:
+    if estimate.startswith("proxy") and temperature != 1:
         raise ValueError("plan.estimate = 'proxy' is the trainer's acceptance at T = 1; at "
                          f"temperature {temperature} use 'held_out'")  # fmt: skip
     if validate and not pilot_steps:
@@ -105,7 +105,9 @@ def plan(
       pilot_steps: steps of each pilot distillation (0: no pilot, candidates ranked by the
         acceptance rate they need to break even).
       estimate: the pilot draft's acceptance: 'held_out' (1 - mean TVD to the target on
-        num_prompts prompts of eval_split) or 'proxy' (the trainer's, at T = 1).
+        num_prompts prompts of eval_split) or 'proxy' (the trainer's, at T = 1); with
+        '+curve', extended to the full run along the pilot's learning curve
+        (`planning.pilot_alphas`). Every estimate's prediction is kept in plan.json.
       timing_repeats: interleaved timings per cost (medians).
       profile / measure_profile: price with a profile from the serving machine / only measure
         one here and write it (`planning.measure_plan_profile`).
@@ -133,6 +135,12 @@ def plan(
     costs = _costs(profile, target, target_params, {n: decoding(p) for n, p in drafts.items()},
                    batches[0], gammas, lengths["targets"], timing_repeats)  # fmt: skip
     if measure_profile:
+        untimed = planning.untimed(costs)
+        if untimed:
+            raise RuntimeError(
+                f"these costs came out <= 0 (the machine was busy while timing): {untimed}; "
+                "measure again on a quiet machine or with more --gin.plan.timing_repeats"
+            )
         write_json_atomic(measure_profile, costs)
         print(f"[plan] cost profile of {len(drafts)} candidates written to {measure_profile}",
               file=sys.stderr)  # fmt: skip
@@ -173,6 +181,10 @@ def _open(teacher_checkpoint, candidates, checkpoints_given, recipe, seed):
     chosen = (chosen or planning.default_candidates(target, ())) + [
         c for c in planning.default_candidates(target, checkpoints_given) if c.checkpoint
     ]
+    names = [c.name for c in chosen]
+    if len(set(names)) != len(names):
+        raise ValueError(f"plan.candidates: two candidates share a name in {names}; give each "
+                         "DraftSpec a different num_layers / embed_dim")  # fmt: skip
     drafts = {c.name: planning.build(c, target, target_params, seed) for c in chosen}
     check_models_serve({"target": target, **{n: m for n, (m, _) in drafts.items()}}, tokenizer,
                        recipe.get("vocab_size"), "train.vocab_size")  # fmt: skip
@@ -237,24 +249,27 @@ def _continuations(target, target_params, batches, temperature, lengths, seed):
 
 def _pilot(candidate, model_dir, steps, teacher_checkpoint, recipe, stage, target, reference,
            temperature, vocab_size) -> dict[str, Any]:  # fmt: skip
-    """A short distillation of the candidate with the recipe; its acceptance both ways."""
+    """The first `steps` steps of the candidate's run with the recipe (`LoopConfig.stop_at`:
+    the full run's schedule, so the pilot is that run's prefix); its acceptance both ways, and
+    how far its learning curve says the full run's disagreement shrinks (`curve_ratio`)."""
     print(f"[plan] pilot of {candidate.name}: {steps} steps", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    loop = dataclasses.replace(recipe["loop"], train_steps=steps,
-                               checkpoint_period=max(steps, 1))  # fmt: skip
+    loop = dataclasses.replace(recipe["loop"], stop_at=min(steps, recipe["loop"].train_steps))
     _train(stage, candidate, model_dir, teacher_checkpoint, loop)
     seconds = time.perf_counter() - start
     draft, draft_params = for_decoding(*load_checkpoint(os.path.join(model_dir, "export")),
                                        "float32")  # fmt: skip
     batches, continuations, sampling = reference
     tvd = mean_tvd(*target, draft, draft_params, batches, continuations, sampling, vocab_size)
-    logged = [m["acceptance_proxy"] for m in read_jsonl(os.path.join(model_dir, "metrics.jsonl"))
-              if m.get("acceptance_proxy") is not None]  # fmt: skip
-    tail = logged[-max(1, int(len(logged) * PROXY_SHARE)) :]
+    curve = [(m["step"], m["acceptance_proxy"])
+             for m in read_jsonl(os.path.join(model_dir, "metrics.jsonl"))
+             if m.get("acceptance_proxy") is not None]  # fmt: skip
+    tail = [p for _, p in curve[-max(1, int(len(curve) * PROXY_SHARE)) :]]
     return {
         "steps": steps, "seconds": round(seconds, 1),
         "held_out": 1.0 - tvd if math.isfinite(tvd) else None,
         "proxy": statistics.fmean(tail) if tail else None,
+        "curve_ratio": planning.curve_ratio(curve, recipe["loop"].train_steps),
     }  # fmt: skip
 
 
@@ -267,28 +282,27 @@ def _train(stage, candidate, model_dir, teacher_checkpoint, loop) -> str:
 
 
 def _predict(name, row, costs, estimate, gammas, max_new_tokens) -> None:
-    alpha = row["pilot"][estimate]
-    if alpha is None:  # Non-finite logits were caught by mean_tvd; a proxy may be missing.
+    alphas = planning.pilot_alphas(row["pilot"])
+    if estimate not in alphas:  # A proxy may be missing (no step logged one).
         return
-    row["alpha"] = alpha
+    row["alpha"] = alphas[estimate]
     row["predicted_by_estimate"] = {
         e: planning.predicted_speedup(costs, name, planning.taus_from_alpha(a, gammas),
                                       max_new_tokens)
-        for e, a in row["pilot"].items() if e in ESTIMATES and a is not None
+        for e, a in alphas.items()
     }  # fmt: skip
     row["predicted_speedup"] = row["predicted_by_estimate"][estimate]
 
 
 def _validate(output_dir, chosen, result, teacher_checkpoint, recipe, stage, temperature,
               num_prompts, latency_prompts) -> dict[str, Any]:  # fmt: skip
-    """Trains each candidate that can win with the full recipe and measures it at its predicted
-    best gamma; `plan_report.validation` compares."""
+    """Trains each candidate that can win with the full recipe and measures it with the
+    speculative decoder at every gamma of the plan; `plan_report.validation` compares."""
     measured = {}
     for candidate in chosen:
         row = result["candidates"][candidate.name]
         if row["never_wins"] or not row["predicted_speedup"]:
             continue
-        gamma = row["best_gamma"]
         directory = os.path.join(output_dir, "validate", candidate.name)
         print(
             f"[plan] validation: training {candidate.name} fully "
@@ -301,9 +315,10 @@ def _validate(output_dir, chosen, result, teacher_checkpoint, recipe, stage, tem
             output_dir=os.path.join(directory, "evaluate"), target_checkpoint=teacher_checkpoint,
             drafts={candidate.name: export}, eval_sets=[(recipe["task"], "test")],
             task_feature_lengths=recipe["task_feature_lengths"], num_prompts=num_prompts,
-            gammas=[gamma], temperatures=[temperature], latency_prompts=latency_prompts,
+            gammas=result["context"]["gammas"], temperatures=[temperature],
+            latency_prompts=latency_prompts,
             quality=False, policies=(), vocabulary=recipe.get("vocabulary"),
             vocab_size=recipe.get("vocab_size"), tfds_data_dir=recipe.get("tfds_data_dir"),
         )  # fmt: skip
-        measured[candidate.name] = next(r for r in records if r.get("gamma") == gamma)
+        measured[candidate.name] = {r["gamma"]: r for r in records}
     return plan_report.validation(result, measured)
