@@ -82,6 +82,13 @@ def test_predicted_speedup_prices_the_decoders_rounds_or_the_ideal_formula():
     assert ideal[3] == pytest.approx(2.5 / (3 * 0.1 + 1.3))  # S*: no timed round.
     timed = planning.predicted_speedup(_profile(round_ms={3: 2.0}), "d", {3: 2.5}, 64)
     assert timed[3] == pytest.approx(64 * 1.0 / (64 / 2.5 * 2.0))
+    # Rounds timed at gammas 2 and 4 only: gamma 3's is interpolated, gamma 5's is S*.
+    timed = planning.predicted_speedup(_profile(round_ms={2: 1.5, 4: 2.5}), "d",
+                                       {3: 2.5, 5: 3.0}, 64)  # fmt: skip
+    assert timed[3] == pytest.approx(64 / (64 / 2.5 * 2.0))
+    assert timed[5] == pytest.approx(3.0 / (5 * 0.1 + 1.5))
+    assert planning.round_gammas(range(1, 9)) == [1, 2, 4, 8]
+    assert planning.round_gammas([3, 5, 7]) == [3, 4, 7]
 
 
 def test_a_draft_that_cannot_win_even_accepting_everything_is_marked_with_the_reason():
@@ -128,7 +135,7 @@ def test_profile_round_trip_and_its_errors(tmp_path, target_dir):
     _run(["--measure_profile", str(path), *_flags(target_dir, tmp_path / "m")])
     raw = json.loads(path.read_text())
     assert set(raw["candidates"]) == {"fresh-1x32", "fresh-1x16", "target-layers-1"}
-    assert set(raw["candidates"]["fresh-1x32"]["round_ms"]) == {"1", "2", "3"}
+    assert set(raw["candidates"]["fresh-1x32"]["round_ms"]) == {"1", "2", "3"}  # round_gammas
     assert raw["plain_ms"]["step"] > 0 and set(raw["target_ms"]) == {str(w) for w in range(1, 5)}
     loaded = planning.load_plan_profile(str(path))
     for name, entry in raw["candidates"].items():
@@ -177,7 +184,17 @@ def test_plan_end_to_end_and_its_draft_trains_as_is(tmp_path, target_dir, capsys
     assert result["choice"] in text.splitlines()[2] and (out / "plan.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert printed and max(len(line) for line in printed.splitlines()) <= 100
-    # draft.gin is the chosen draft for `train`, as is.
+    # draft.gin is the chosen draft and the recipe the plan priced, for `train` as is; the
+    # recipe's runs/distill.gin settings stay macros (flags still override them).
+    draft_gin = (out / "draft.gin").read_text()
+    for line in (
+        "BATCH_SIZE = 4",
+        "DIVERGENCE = 'fkl'",
+        "LoopConfig.stop_at = None",
+        "train.vocabulary = 'byte'",
+        "TASK_FEATURE_LENGTHS = {'inputs': 16, ",
+    ):
+        assert line in draft_gin  # fmt: skip
     model_dir = tmp_path / "train"
     gin.clear_config()
     try:

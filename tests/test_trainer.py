@@ -341,6 +341,25 @@ def test_tiny_distill_end_to_end(reference_run):
     np.testing.assert_allclose(exported, final, rtol=0, atol=1e-6)
 
 
+def test_a_run_stopped_early_is_the_prefix_of_the_full_run(tmp_path, reference_run):
+    """LoopConfig.stop_at (the plan's pilots): the first steps exactly as the full run takes
+    them (its schedule), and the same command without it goes on to the full run's result."""
+    _, reference_params, reference_losses = reference_run
+    model_dir = tmp_path / "run"
+    gin.clear_config()
+    try:
+        _train(model_dir, "LoopConfig.stop_at = 3")
+        assert _losses(model_dir) == pytest.approx({s: reference_losses[s] for s in (1, 2, 3)})
+        gin.clear_config()
+        params = _train(model_dir)
+    finally:
+        gin.clear_config()
+    assert sorted(_losses(model_dir)) == list(range(1, 9))
+    _assert_same_params(params, reference_params, atol=1e-6)
+    with pytest.raises(ValueError, match=r"LoopConfig.stop_at must be None or an integer in"):
+        trainer.LoopConfig(train_steps=4, stop_at=5)
+
+
 # ------------------------------------------------------------------------------------------------
 # Resume after kill -9, and after a corrupted checkpoint.
 

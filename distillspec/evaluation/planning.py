@@ -118,14 +118,16 @@ def measure_plan_profile(
     `costs.measure_profiles` calls (target widths 1..max(gammas)+1, draft widths 1, 2) plus,
     timed interleaved `repeats` times (medians), the decoder's own loop: 'plain_ms' {'step',
     'outside'} and per draft 'round_ms' / 'outside_ms' by gamma (a static round; a run's
-    prefill, dispatch and output)."""
+    prefill, dispatch and output), at the `round_gammas` of gammas (compiling a program per
+    gamma and candidate is most of a plan's time; `predicted_speedup` interpolates)."""
     tokens, lengths = prompt
     widths = range(1, max(gammas) + 2)
     calls = costs.measure_profiles(target, target_params, drafts, tokens, lengths, widths,
                                    max_new_tokens, repeats, draft_widths=(1, 2))  # fmt: skip
     loops = {("plain", 0): (target, target_params, None, None, None)}
+    timed = round_gammas(gammas)
     for name, (draft, draft_params) in drafts.items():
-        for gamma in gammas:
+        for gamma in timed:
             loops[name, gamma] = (target, target_params, draft, draft_params,
                                   sl.Lookahead("static", gamma))  # fmt: skip
     timers = {
@@ -152,8 +154,8 @@ def measure_plan_profile(
                 "params": num_params(draft),
                 "megabytes": timing.megabytes(draft_params),
                 "draft_ms": calls[name]["draft_ms"],
-                "round_ms": {g: positive(ms[name, g][0]) for g in gammas},
-                "outside_ms": {g: ms[name, g][1] for g in gammas},
+                "round_ms": {g: positive(ms[name, g][0]) for g in timed},
+                "outside_ms": {g: ms[name, g][1] for g in timed},
             }
             for name, (draft, draft_params) in drafts.items()
         },
@@ -259,21 +261,44 @@ def alpha_needed(gamma: int, c: float | None, r_gamma: float | None, speedup: fl
     return None if alpha > 1 else max(alpha, 0.0)
 
 
+def round_gammas(gammas: Sequence[int]) -> list[int]:
+    """The gammas whose rounds a plan times: the ends of gammas and the powers of two between
+    (1, 2, 4, 8 of 1..8); a round's cost is close to linear in gamma (gamma draft calls and a
+    verify call whose cost grows with its width), so the others are interpolated."""
+    low, high = min(gammas), max(gammas)
+    return sorted({low, high} | {2**k for k in range(8) if low < 2**k < high})
+
+
+def _interpolated(timed: Mapping[int, float | None], gamma: int) -> float | None:
+    """timed[gamma], else linear between the nearest timed gammas around it (None outside)."""
+    known = sorted(g for g, v in timed.items() if v is not None)
+    if gamma in known:
+        return timed[gamma]
+    below = [g for g in known if g < gamma]
+    above = [g for g in known if g > gamma]
+    if not below or not above:
+        return None
+    a, b = below[-1], above[0]
+    return timed[a] + (timed[b] - timed[a]) * (gamma - a) / (b - a)
+
+
 def predicted_speedup(profile: Mapping[str, Any], name: str, taus: Mapping[int, float],
                       max_new_tokens: int | None = None) -> dict[int, float | None]:  # fmt: skip
     """{gamma: batch-1 latency speed-up} at block efficiency taus[gamma]: from the decoder's
-    own timed rounds where the profile has them (a run of max_new_tokens, module docstring),
-    else S* = tau / (gamma c + r_gamma) (model calls alone; the decoder's work free)."""
+    own timed rounds where the profile has them (a run of max_new_tokens, module docstring;
+    gammas between timed ones interpolated), else S* = tau / (gamma c + r_gamma) (model calls
+    alone; the decoder's work free)."""
     entry = profile["candidates"][name]
     plain = profile.get("plain_ms") or {}
     tokens = max_new_tokens or profile.get("max_new_tokens") or 64
     c, r = call_ratios(profile, name, list(taus))
     out = {}
     for gamma, tau in taus.items():
-        rounds = entry.get("round_ms", {}).get(gamma)
+        rounds = _interpolated(entry.get("round_ms", {}), gamma)
         if rounds and plain.get("step"):
             base = plain.get("outside", 0.0) + tokens * plain["step"]
-            spec = entry.get("outside_ms", {}).get(gamma, 0.0) + tokens / tau * rounds
+            outside = _interpolated(entry.get("outside_ms", {}), gamma) or 0.0
+            spec = outside + tokens / tau * rounds
             out[gamma] = base / spec
         else:
             out[gamma] = costs.ideal_speedup(tau, gamma, c, r[gamma])

@@ -76,7 +76,7 @@ def plan(
     gammas: Sequence[int] = tuple(range(1, 9)),
     temperature: float = 1.0,
     pilot_steps: int = 50,
-    estimate: str = "held_out",
+    estimate: str = "held_out+curve",
     eval_split: str = "validation",
     num_prompts: int = 32,
     timing_repeats: int = 5,
@@ -107,7 +107,9 @@ def plan(
       estimate: the pilot draft's acceptance: 'held_out' (1 - mean TVD to the target on
         num_prompts prompts of eval_split) or 'proxy' (the trainer's, at T = 1); with
         '+curve', extended to the full run along the pilot's learning curve
-        (`planning.pilot_alphas`). Every estimate's prediction is kept in plan.json.
+        (`planning.pilot_alphas`). Every estimate's prediction is kept in plan.json; the
+        default is the one that predicted the embedded default's full runs best
+        (docs/results/plan.md).
       timing_repeats: interleaved timings per cost (medians).
       profile / measure_profile: price with a profile from the serving machine / only measure
         one here and write it (`planning.measure_plan_profile`).
@@ -148,22 +150,17 @@ def plan(
     rows = {c.name: _priced(c, costs, gammas) for c in chosen}
     if pilot_steps:
         reference = _continuations(target, target_params, batches, temperature, lengths, seed)
-        for candidate in chosen:
-            if rows[candidate.name]["never_wins"]:
-                continue
-            rows[candidate.name]["pilot"] = _pilot(
+        for candidate in (c for c in chosen if not rows[c.name]["never_wins"]):
+            row = rows[candidate.name]
+            row["pilot"] = _pilot(
                 candidate, os.path.join(output_dir, "pilot", candidate.name), pilot_steps,
                 teacher_checkpoint, recipe, stage, (target, target_params), reference,
                 temperature, vocab_size,
             )  # fmt: skip
-            _predict(
-                candidate.name, rows[candidate.name], costs, estimate, gammas, lengths["targets"]
-            )
-    result = plan_report.finish(output_dir, chosen, rows, costs, dict(
-        teacher_checkpoint=teacher_checkpoint, task=recipe["task"], gammas=gammas,
-        temperature=temperature, pilot_steps=pilot_steps, estimate=estimate,
-        profile=profile, train_steps=recipe["loop"].train_steps,
-    ))  # fmt: skip
+            _predict(candidate.name, row, costs, estimate, gammas, lengths["targets"])
+    context = dict(teacher_checkpoint=teacher_checkpoint, gammas=gammas, temperature=temperature,
+                   pilot_steps=pilot_steps, estimate=estimate, profile=profile)  # fmt: skip
+    result = plan_report.finish(output_dir, chosen, rows, costs, _context(recipe, **context))
     if validate:
         check = _validate(output_dir, chosen, result, teacher_checkpoint, recipe, stage,
                           temperature, validate_prompts, latency_prompts)  # fmt: skip
@@ -194,6 +191,43 @@ def _open(teacher_checkpoint, candidates, checkpoints_given, recipe, seed):
         bos_id=tokenizer.prompt_bos,
     )  # fmt: skip
     return target, target_params, chosen, drafts, task, tokenizer.prompt_bos
+
+
+def _context(recipe, **context) -> dict[str, Any]:
+    """What plan.json, plan.md and draft.gin say of the plan's setting and recipe."""
+    task = recipe["task"] if isinstance(recipe["task"], str) else repr(recipe["task"])
+    return dict(context, task=task, train_steps=recipe["loop"].train_steps,
+                recipe=recipe_gin(recipe))  # fmt: skip
+
+
+RECIPE_CONFIGS = ("loop", "loss", "optimizer", "mixture")  # train's config objects.
+# runs/distill.gin's macros: a binding it makes through one stays a macro (still a flag).
+DISTILL_MACROS = {
+    "LoopConfig.train_steps": "TRAIN_STEPS", "LoopConfig.batch_size": "BATCH_SIZE",
+    "OptimizerConfig.learning_rate": "LEARNING_RATE",
+    "OptimizerConfig.warmup_steps": "WARMUP_STEPS", "LossConfig.divergence": "DIVERGENCE",
+    "LossConfig.beta": "JSD_BETA", "DataMixture.fixed_data_fraction": "LAMBDA1",
+    "DataMixture.student_data_fraction": "LAMBDA2", "DataMixture.temperature": "TEMPERATURE",
+    "train.task": "MIXTURE_OR_TASK_NAME", "train.task_feature_lengths": "TASK_FEATURE_LENGTHS",
+}  # fmt: skip
+
+
+def recipe_gin(recipe: dict[str, Any]) -> str:
+    """The recipe the plan priced as gin lines that, after runs/distill.gin, make `train` run
+    it exactly: every field of its config objects, its data and lengths (as runs/distill.gin's
+    macros where it has one, so --gin.TRAIN_STEPS=... still works; a task given as an object,
+    not a name, is left to the user's own flags)."""
+    values = {}
+    for key in RECIPE_CONFIGS:
+        config = recipe.get(key)
+        for field in dataclasses.fields(config) if config is not None else ():
+            values[f"{type(config).__name__}.{field.name}"] = getattr(config, field.name)
+    for key in ("task", "task_feature_lengths", "vocabulary", "vocab_size"):
+        value = recipe.get(key)
+        if isinstance(value, (str, int, dict)) or value is None:
+            values[f"train.{key}"] = dict(value) if isinstance(value, dict) else value
+    lines = [f"{DISTILL_MACROS.get(name, name)} = {value!r}" for name, value in values.items()]
+    return "\n".join(lines) + "\n"
 
 
 def _spec_name(spec: DraftSpec) -> str:

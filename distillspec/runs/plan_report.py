@@ -76,6 +76,15 @@ def _fmt(x, digits=2, none="—") -> str:
     return none if x is None else f"{x:.{digits}f}"
 
 
+def _pilot_seconds(rows) -> float:
+    return sum((row["pilot"] or {}).get("seconds", 0.0) for row in rows.values())
+
+
+def _r_gammas(rows, gammas) -> str:
+    r = next(iter(rows.values()))["r_gamma"]
+    return ", ".join(f"{_fmt(r.get(g))} (γ = {g})" for g in gammas)
+
+
 def markdown(result: Mapping[str, Any], headline: str) -> str:
     """plan.md: the headline, one row per candidate, the acceptance needed per gamma."""
     ctx, rows = result["context"], result["candidates"]
@@ -85,7 +94,8 @@ def markdown(result: Mapping[str, Any], headline: str) -> str:
            f"{ctx['temperature']:g}, costs "
            + (f"from the profile `{ctx['profile']}`" if ctx["profile"] else "measured here")
            + f"; pilot {ctx['pilot_steps']} steps of the recipe ({ctx['train_steps']} in a full "
-           f"run), acceptance estimate `{ctx['estimate']}`.\n",
+           f"run; {_pilot_seconds(rows):.0f} s for all pilots), acceptance estimate "
+           f"`{ctx['estimate']}`. The target's r_γ: {_r_gammas(rows, gammas)}.\n",
            "| Rank | Candidate | Kind | Params (M) | MB | c | α pilot (held out / proxy) "
            "| Predicted speed-up (γ) | Pilot (s) | Never wins |",
            "|---:|---|---|---:|---:|---:|---|---|---:|---|"]  # fmt: skip
@@ -130,12 +140,17 @@ def summary(result: Mapping[str, Any], headline: str, output_dir: str) -> str:
 
 
 def draft_gin(candidate, context, headline: str) -> str:
-    """draft.gin: the chosen draft for `python -m distillspec.train`."""
+    """draft.gin: the chosen draft and the recipe the plan priced, for `python -m
+    distillspec.train --gin_file=runs/distill.gin --gin_file=draft.gin`."""
     return (
-        f"# {headline}.\n# Written by python -m distillspec.plan. Train it with the recipe:\n"
+        f"# {headline}.\n# Written by python -m distillspec.plan. Train it with the recipe the "
+        "plan priced:\n"
         "#   python -m distillspec.train --gin_file=runs/distill.gin --gin_file=draft.gin \\\n"
         f'#     --gin.TEACHER_CHECKPOINT=\\"{context["teacher_checkpoint"]}\\" '
-        '--gin.MODEL_DIR=\\"DIR\\"\n' + candidate.gin()
+        '--gin.MODEL_DIR=\\"DIR\\"\n\n# The draft.\n'
+        + candidate.gin()
+        + "\n# The recipe (its pilot ran the first steps of exactly this run).\n"
+        + context["recipe"]
     )
 
 
