@@ -96,7 +96,7 @@ def markdown(result: Mapping[str, Any], headline: str) -> str:
            + f"; pilot {ctx['pilot_steps']} steps of the recipe ({ctx['train_steps']} in a full "
            f"run; {_pilot_seconds(rows):.0f} s for all pilots), acceptance estimate "
            f"`{ctx['estimate']}`. The target's r_γ: {_r_gammas(rows, gammas)}.\n",
-           "| Rank | Candidate | Kind | Params (M) | MB | c | α pilot (held out / proxy) "
+           "| Rank | Candidate | Kind | Params (M) | MB | c | α used (pilot: held out / proxy) "
            "| Predicted speed-up (γ) | Pilot (s) | Never wins |",
            "|---:|---|---|---:|---:|---:|---|---|---:|---|"]  # fmt: skip
     for name in result["order"]:
@@ -106,8 +106,9 @@ def markdown(result: Mapping[str, Any], headline: str) -> str:
                  else "—")  # fmt: skip
         out.append(
             f"| {row['rank']} | {name} | {row['kind']} | {row['params'] / 1e6:.3f} | "
-            f"{_fmt(row['megabytes'])} | {_fmt(row['c'], 3)} | {_fmt(pilot.get('held_out'))} / "
-            f"{_fmt(pilot.get('proxy'))} | {speed} | {_fmt(pilot.get('seconds'), 0)} | "
+            f"{_fmt(row['megabytes'])} | {_fmt(row['c'], 3)} | {_fmt(row['alpha'])} "
+            f"({_fmt(pilot.get('held_out'))} / "
+            f"{_fmt(pilot.get('proxy'))}) | {speed} | {_fmt(pilot.get('seconds'), 0)} | "
             f"{row['never_wins'] or ''} |"
         )
     out += ["", "Acceptance rate α (accepted / proposed drafts) each candidate needs for an "
