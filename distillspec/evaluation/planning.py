@@ -130,18 +130,13 @@ def measure_plan_profile(
         for gamma in timed:
             loops[name, gamma] = (target, target_params, draft, draft_params,
                                   sl.Lookahead("static", gamma))  # fmt: skip
-    timers = {
-        key: timing.decoder_round_timers(t, tp, d, dp, tokens, lengths, policy, max_new_tokens)[0][
-            0
-        ]  # fmt: skip
-        for key, (t, tp, d, dp, policy) in loops.items()
-    }
-    seen = {key: [] for key in timers}
-    for _ in range(repeats):
-        for key, timer in timers.items():
-            seen[key].append(timer())
-    ms = {key: [1e3 * statistics.median(s[i] for s in runs) for i in (0, 1)]
-          for key, runs in seen.items()}  # fmt: skip
+    loop_timer = lambda t, tp, d, dp, policy: timing.decoder_round_timers(
+        t, tp, d, dp, tokens, lengths, policy, max_new_tokens
+    )[0][0]
+    timers = {key: loop_timer(*loop) for key, loop in loops.items()}
+    runs = timing.interleaved(timers, repeats)[0]  # (per round, outside) per repeat.
+    ms = {key: [1e3 * statistics.median(r[i] for r in rs) for i in (0, 1)]
+          for key, rs in runs.items()}  # fmt: skip
     positive = lambda x: x if x > 0 else None
     first = next(iter(drafts))
     return {

@@ -40,6 +40,7 @@ from distillspec.models.drafts import DraftSpec
 from distillspec.records import read_jsonl, write_json_atomic
 from distillspec.runs import plan_report, quickstart
 from distillspec.runs.common import check_models_serve, prompt_sets
+from distillspec.runs.train import with_defaults
 from distillspec.sampling import SamplingConfig
 from distillspec.vocabularies import load_tokenizer
 
@@ -121,7 +122,7 @@ def plan(
     _check(pilot_steps, estimate, profile, measure_profile, gammas, temperature, validate)
     gammas = sorted(set(gammas))
     checkpoints.check_writable(output_dir)
-    recipe = bindings(RECIPE, "train")
+    recipe = with_defaults(bindings(RECIPE, "train"))
     if teacher_checkpoint is None:  # The embedded default's target.
         teacher_checkpoint = quickstart.pretrained(
             output_dir, stage, bindings, cache_models, model_cache_dir, names=("target",)

@@ -22,10 +22,12 @@ transformers).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -429,3 +431,13 @@ def _report_costs(models: trainer.Models, params, lengths: Mapping[str, int]) ->
         gammas=(3, 5), max_new_tokens=lengths["targets"],
     )  # fmt: skip
     print(f"[train] {call_costs.break_even_line(costs)}", file=sys.stderr, flush=True)
+
+
+def with_defaults(bound: Mapping[str, Any]) -> dict[str, Any]:
+    """`train`'s arguments: gin's bindings of a stage (`gin_setup.scoped_bindings`) over the
+    function's own defaults, so a caller reads any of them, bound or not."""
+    defaults = {
+        name: p.default for name, p in inspect.signature(train).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }  # fmt: skip
+    return {**defaults, **bound}

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import json
 import os
 import sys
@@ -46,7 +45,7 @@ from distillspec.models import load_checkpoint
 from distillspec.records import write_jsonl_atomic
 from distillspec.runs.common import open_run, prompt_sets
 from distillspec.runs.quickstart import BindingsFn, StageFn, pretrained
-from distillspec.runs.train import train as run_train
+from distillspec.runs.train import with_defaults
 from distillspec.speculative import LENIENCE_KINDS
 from distillspec.study import report
 
@@ -178,15 +177,6 @@ class _Evaluator:
         ]
 
 
-def _with_defaults(bound: Mapping[str, Any]) -> dict[str, Any]:
-    """The distill stage's arguments: gin's bindings over `runs.train.train`'s defaults."""
-    defaults = {
-        name: p.default for name, p in inspect.signature(run_train).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }  # fmt: skip
-    return {**defaults, **bound}
-
-
 def _check_fixed_data(task, cells: Sequence[Cell]) -> None:
     """Prompts-only data has no completions to be the fixed data set: say so before any cell."""
     fixed = [c.name for c in cells if DATA_SOURCES[c.data][0] > 0]
@@ -269,7 +259,7 @@ def study(
         gammas=(gamma,), temperatures=tuple(temperatures),
         max_new_tokens=task_feature_lengths["targets"], latency_prompts=0, per_prompt=True,
     )  # fmt: skip
-    distill = _with_defaults(bindings("distill", "train"))
+    distill = with_defaults(bindings("distill", "train"))
     _check_fixed_data(distill["task"], cells)
     _check_models_and_lenience(cells, lenience_cell, target_checkpoint, draft_checkpoint)
     if target_checkpoint is None:
