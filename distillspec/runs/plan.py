@@ -109,8 +109,8 @@ def plan(
         num_prompts prompts of eval_split) or 'proxy' (the trainer's, at T = 1); with
         '+curve', extended to the full run along the pilot's learning curve
         (`planning.pilot_alphas`). Every estimate's prediction is kept in plan.json; the
-        default is the one that predicted the embedded default's full runs best
-        (docs/results/plan.md).
+        default is the one whose ranking matched the embedded default's full runs in both
+        checks (docs/results/plan.md).
       timing_repeats: interleaved timings per cost (medians).
       profile / measure_profile: price with a profile from the serving machine / only measure
         one here and write it (`planning.measure_plan_profile`).
