@@ -114,6 +114,13 @@ def measure_drafts(
     return out
 
 
+def untimed(profile: dict[str, Any]) -> list[str]:
+    """The calls of a measured profile whose timers came out <= 0 (None): `load_profile`
+    refuses such a profile, so a writer measures again or stops instead of writing it."""
+    return [f"{kind}[{w}]" for kind in ("target_ms", "draft_ms")
+            for w, ms in profile[kind].items() if ms is None]  # fmt: skip
+
+
 def synthetic_profile(c: float, r_gamma: float, gamma: int = 5, max_width: int = 65) -> dict:
     """A modeled deployment's profile, in units of a target call scoring one position: a
     target call's cost linear in its width, r_gamma at width gamma + 1; a draft call c (the

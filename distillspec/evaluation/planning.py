@@ -159,8 +159,7 @@ def measure_plan_profile(
 
 def untimed(profile: Mapping[str, Any]) -> list[str]:
     """The entries of a measured plan profile whose timers came out <= 0 (None)."""
-    found = [f"{kind}[{w}]" for kind in ("target_ms", "draft_ms")
-             for w, ms in profile[kind].items() if ms is None]  # fmt: skip
+    found = costs.untimed(profile)
     if not (profile.get("plain_ms") or {}).get("step"):
         found.append("plain_ms.step")
     for name, entry in profile["candidates"].items():
