@@ -317,9 +317,10 @@ def never_wins(profile: Mapping[str, Any], name: str, gammas: Sequence[int]) -> 
     if best is None or best >= 1:
         return None
     c, _ = call_ratios(profile, name, [gamma])
+    cost = "an untimed share" if c is None else f"c = {c:.2f}"
     return (
         f"even accepting every draft it is at most {best:.2f}x (gamma {gamma}): a draft call "
-        f"costs c = {c:.2f} of a target call, so a round of drafts costs more than the target "
+        f"costs {cost} of a target call, so a round of drafts costs more than the target "
         "calls it saves"
     )
 

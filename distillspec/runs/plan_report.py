@@ -56,7 +56,7 @@ def _headline(choice, rows, piloted: bool, count: int) -> str:
         return (f"No candidate of {count} can win on this machine's costs, even accepting every "
                 "draft: price smaller drafts (plan.candidates)")  # fmt: skip
     row = rows[choice]
-    size = f"{row['params'] / 1e6:.2f} M parameters, c = {row['c']:.3f}"
+    size = f"{row['params'] / 1e6:.2f} M parameters, c = {_fmt(row['c'], 3)}"
     if piloted and row["best_speedup"] and row["best_speedup"] < 1:
         return (
             f"No candidate is predicted to speed decoding up after its pilot; the best, "
