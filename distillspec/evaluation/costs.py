@@ -149,17 +149,29 @@ def load_profile(path: str) -> dict[str, Any]:
                 f"cost profile {path}: {kind!r} must map widths to milliseconds, width 1 "
                 f"included (got {entries!r})"
             )
-        profile[kind] = {}
-        for width, ms in entries.items():
-            if not (str(width).isdigit() and int(width) >= 1):
-                raise ValueError(f"cost profile {path}: {kind} width {width!r} is not >= 1")
-            if not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0):
-                raise ValueError(
-                    f"cost profile {path}: {kind}[{width}] = {ms!r}; want milliseconds > 0 "
-                    "(a timer that came out <= 0: measure it again on a quiet machine)"
-                )
-            profile[kind][int(width)] = float(ms)
+        profile[kind] = milliseconds(entries, f"cost profile {path}: {kind}")
     return profile
+
+
+def milliseconds(entries: dict, where: str, zero_ok: bool = False, null_ok: bool = False):
+    """{width or gamma: ms} of a profile's entries {"1": ms, ...} as ints and floats; ValueError
+    naming `where` and the bad entry. ms must be > 0 (>= 0 with zero_ok; null with null_ok)."""
+    out = {}
+    for key, ms in entries.items():
+        if not (str(key).isdigit() and int(key) >= 1):
+            raise ValueError(f"{where} width {key!r} is not >= 1")
+        if ms is None and null_ok:
+            out[int(key)] = None
+            continue
+        if not (
+            isinstance(ms, (int, float)) and math.isfinite(ms) and (ms > 0 or zero_ok and ms == 0)
+        ):
+            raise ValueError(
+                f"{where}[{key}] = {ms!r}; want milliseconds > 0 (a timer that came out <= 0: "
+                "measure it again on a quiet machine)"
+            )
+        out[int(key)] = float(ms)
+    return out
 
 
 def profile_costs(profile: dict[str, Any], policies: Iterable[sl.Lookahead | None]) -> dict:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from distillspec import lookahead as sl
 from distillspec.evaluation import costs, timing
@@ -168,19 +169,6 @@ def untimed(profile: Mapping[str, Any]) -> list[str]:
     return found
 
 
-def _widths(entries: Any, where: str) -> dict[int, float | None]:
-    if not isinstance(entries, dict):
-        raise ValueError(f"{where} must map widths or gammas to milliseconds, got {entries!r}")
-    out = {}
-    for key, ms in entries.items():
-        if not (str(key).isdigit() and int(key) >= 1):
-            raise ValueError(f"{where}: key {key!r} is not an integer >= 1")
-        if ms is not None and not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms >= 0):
-            raise ValueError(f"{where}[{key}] = {ms!r}; want milliseconds >= 0 (or null)")
-        out[int(key)] = None if ms is None else float(ms)
-    return out
-
-
 def load_plan_profile(path: str) -> dict[str, Any]:
     """A plan profile from JSON (`measure_plan_profile`'s, as `records.write_json_atomic`
     wrote it): the target's calls as `costs.load_profile` reads them, and its 'candidates';
@@ -201,8 +189,13 @@ def load_plan_profile(path: str) -> dict[str, Any]:
         where = f"cost profile {path}: candidates[{name!r}]"
         if not isinstance(entry, dict) or "draft_ms" not in entry:
             raise ValueError(f"{where} must hold 'draft_ms' (and 'round_ms', 'outside_ms')")
-        parsed = {key: _widths(entry.get(key, {}), f"{where}.{key}")
-                  for key in ("draft_ms", "round_ms", "outside_ms")}  # fmt: skip
+        parsed = {}
+        for key in ("draft_ms", "round_ms", "outside_ms"):
+            found = entry.get(key, {})
+            if not isinstance(found, dict):
+                raise ValueError(f"{where}.{key} must map widths or gammas to milliseconds")
+            parsed[key] = costs.milliseconds(found, f"{where}.{key}", zero_ok=key == "outside_ms",
+                                             null_ok=True)  # fmt: skip
         if not parsed["draft_ms"].get(1):
             raise ValueError(f"{where}.draft_ms has no call of width 1 (> 0 ms)")
         parsed["params"] = entry.get("params")
@@ -336,8 +329,6 @@ def curve_ratio(curve: Sequence[tuple[int, float]], steps: int) -> float:
     log-log) to the trainer's per-step 1 - acceptance proxy over the pilot's second half, b
     clipped to [0, 1]. curve: (step, proxy) pairs; 1.0 when steps is not past the pilot or the
     curve is too short to fit."""
-    import numpy as np
-
     last = max((t for t, _ in curve), default=0)
     points = [(t, 1.0 - p) for t, p in curve if t > last / 2 and 0 < 1.0 - p <= 1]
     if steps <= last or len(points) < 4:

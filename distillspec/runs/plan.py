@@ -31,13 +31,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from distillspec import checkpoints, tasks
+from distillspec import checkpoints, metrics, tasks
 from distillspec.evaluation import planning
 from distillspec.evaluation.drafts import mean_tvd, plain_call
 from distillspec.models import load_checkpoint
 from distillspec.models.base import for_decoding
 from distillspec.models.drafts import DraftSpec
-from distillspec.records import read_jsonl, write_json_atomic
+from distillspec.records import write_json_atomic
 from distillspec.runs import plan_report, quickstart
 from distillspec.runs.common import check_models_serve, prompt_sets
 from distillspec.runs.train import with_defaults
@@ -297,7 +297,7 @@ def _pilot(candidate, model_dir, steps, teacher_checkpoint, recipe, stage, targe
     batches, continuations, sampling = reference
     tvd = mean_tvd(*target, draft, draft_params, batches, continuations, sampling, vocab_size)
     curve = [(m["step"], m["acceptance_proxy"])
-             for m in read_jsonl(os.path.join(model_dir, "metrics.jsonl"))
+             for m in metrics.read_metrics(model_dir)
              if m.get("acceptance_proxy") is not None]  # fmt: skip
     tail = [p for _, p in curve[-max(1, int(len(curve) * PROXY_SHARE)) :]]
     return {
