@@ -18,6 +18,15 @@ no random draws, which were most of a small pair's round outside its calls (READ
 Per call the caller gets, per row, the tokens and the counters from which the acceptance rate
 alpha = accepted / drafted and the block efficiency tau = tokens / target_calls derive, and the
 histogram of drafts per round.
+
+Recording (`record_top_k=k`, speculative decoding only): the verify call already computes the
+target's distribution at every position a round emits a token from, conditioned on the prompt
+and the tokens emitted before it. The decoder keeps its top k log-probabilities (the target's
+raw distribution, before temperature or top-k/top-p) and their ids per emitted token, in two
+[B, N, k] buffers written like the tokens, so a served batch is training data for the draft
+(`distillspec.served`) with no teacher pass. Positions after a rejected draft condition on a
+token that was not emitted and are not kept. Acceptance reads exactly what it read before, so
+outputs do not change (tests/test_decoding.py runs the exactness tests with recording on).
 """
 
 from __future__ import annotations
@@ -52,6 +61,11 @@ class DecodeResult:
     draft_calls: np.ndarray  # [B] draft calls made while decoding.
     width_switches: np.ndarray  # [B] rounds verified at another width than the round before.
     sl_histogram: np.ndarray  # [B, sl_max + 1] rounds per number of drafts proposed (0..sl_max).
+    # With record_top_k = k: the target's top-k log-probabilities [B, N, k] (float32) and ids
+    # [B, N, k] (int32) at each generated token's position (the distribution it was drawn
+    # from, before temperature); entries past a row's length are 0. None without recording.
+    record_log_probs: np.ndarray | None = None
+    record_ids: np.ndarray | None = None
 
     @property
     def alpha(self) -> float:
@@ -81,6 +95,8 @@ class _LoopState:
     width: jax.Array  # [B] int32 the last round's verify width (0 before the first round).
     width_switches: jax.Array
     lookahead: jax.Array  # [B] int32, the heuristic policy's current lookahead.
+    record_log_probs: Any = None  # [B, N + G + 1, k] float32 when recording, else None.
+    record_ids: Any = None  # [B, N + G + 1, k] int32 when recording, else None.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +114,7 @@ class _Spec:
     lenience: Lenience | None
     eos_id: int | None
     vocab_size: int
+    record_top_k: int = 0  # k > 0: keep the target's top-k log-probabilities per emitted token.
 
 
 def _read_rows(buf: jax.Array, start: jax.Array, size: int) -> jax.Array:
@@ -106,10 +123,19 @@ def _read_rows(buf: jax.Array, start: jax.Array, size: int) -> jax.Array:
 
 
 def _write_rows(buf: jax.Array, values: jax.Array, start: jax.Array) -> jax.Array:
-    """Writes values [B, K] into buf [B, T] at per-row start [B]."""
-    return jax.vmap(lambda row, v, s: jax.lax.dynamic_update_slice(row, v, (s,)))(
+    """Writes values [B, K, ...] into buf [B, T, ...] at per-row start [B] along axis 1."""
+    rest = (0,) * (buf.ndim - 2)
+    return jax.vmap(lambda row, v, s: jax.lax.dynamic_update_slice(row, v, (s, *rest)))(
         buf, values, start
     )
+
+
+def _top_k_log_probs(logits: jax.Array, spec: _Spec) -> tuple[jax.Array, jax.Array]:
+    """The target's top record_top_k log-probabilities [..., k] and ids [..., k] of logits
+    [..., V] (the raw distribution over the first vocab_size ids)."""
+    log_probs = jax.nn.log_softmax(logits[..., : spec.vocab_size].astype(jnp.float32), axis=-1)
+    values, ids = jax.lax.top_k(log_probs, spec.record_top_k)
+    return values, ids.astype(jnp.int32)
 
 
 def _choose(logits: jax.Array, rng, spec: _Spec) -> tuple[jax.Array, jax.Array | None]:
@@ -200,8 +226,9 @@ def _verify(target, params, cache, tokens, position, num_drafts, done, spec: _Sp
     widths = sl.verify_widths(spec.policy)
     full = spec.gamma + 1
 
-    def padded(selected, width):
-        return jnp.pad(selected, [(0, 0), (0, full - width)] + [(0, 0)] * (selected.ndim - 2))
+    def padded(selected, width):  # Each array of the selection, [B, w, ...] -> [B, G + 1, ...]
+        pad = lambda x: jnp.pad(x, [(0, 0), (0, full - width)] + [(0, 0)] * (x.ndim - 2))
+        return jax.tree.map(pad, selected)
 
     if len(widths) == 1:
         logits, cache = target.extend(params, cache, tokens[:, : widths[0]], position)
@@ -242,9 +269,12 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
         rng, rng_draft, rng_verify = jax.random.split(state.rng, 3)
     last = jnp.take_along_axis(state.tokens, state.position[:, None], axis=1)
     if spec.sampling.greedy:  # What acceptance reads of the target's logits.
-        select = lambda logits: jnp.argmax(logits[..., : spec.vocab_size], axis=-1)
+        read = lambda logits: jnp.argmax(logits[..., : spec.vocab_size], axis=-1)
     else:
-        select = lambda logits: logits_to_probs(logits, spec.sampling, spec.vocab_size)
+        read = lambda logits: logits_to_probs(logits, spec.sampling, spec.vocab_size)
+    select = read
+    if spec.record_top_k:  # The recording, selected in the same verify call.
+        select = lambda logits: (read(logits), _top_k_log_probs(logits, spec))
     if spec.gamma:
         drafts, draft_probs, num_drafts, draft_calls, draft_cache = _draft_block(
             draft, draft_params, state.draft_cache, state, rng_draft, spec, inputs
@@ -254,6 +284,8 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
             target, target_params, state.target_cache, tokens, state.position, num_drafts,
             state.done, spec, select,
         )  # fmt: skip
+        if spec.record_top_k:
+            target_out, recorded = target_out
     else:
         drafts = jnp.zeros((batch, 0), jnp.int32)
         draft_probs = jnp.zeros((batch, 0, spec.vocab_size), jnp.float32)
@@ -285,6 +317,10 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
     if spec.gamma:
         lookahead = sl.next_lookahead(spec.policy, lookahead, num_drafts, num_accepted)
         lookahead = jnp.where(active, lookahead, state.lookahead)
+    record_log_probs, record_ids = state.record_log_probs, state.record_ids
+    if spec.record_top_k:  # Position i of the round emitted the row's token num_new + i.
+        record_log_probs = _write_rows(record_log_probs, recorded[0], state.num_new)
+        record_ids = _write_rows(record_ids, recorded[1], state.num_new)
     return _LoopState(
         tokens=_write_rows(state.tokens, new, state.position + 1),
         position=state.position + count,
@@ -302,6 +338,8 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
         width=jnp.where(active, width, state.width),
         width_switches=state.width_switches + step * ((state.width > 0) & (width != state.width)),
         lookahead=lookahead,
+        record_log_probs=record_log_probs,
+        record_ids=record_ids,
     )
 
 
@@ -348,6 +386,11 @@ def _decode(
         width_switches=zeros,
         lookahead=jnp.full((batch,), jnp.clip(inputs["start"], 1, max(spec.gamma, 1)), jnp.int32),
     )
+    if spec.record_top_k:  # Room for the last round's writes past max_new_tokens.
+        shape = (batch, spec.max_new_tokens + spec.gamma + 1, spec.record_top_k)
+        state = state.replace(
+            record_log_probs=jnp.zeros(shape, jnp.float32), record_ids=jnp.zeros(shape, jnp.int32)
+        )
     if inputs.get("oracle_tokens") is not None:  # -1 past the reference never matches a draft.
         oracle = jnp.asarray(inputs["oracle_tokens"], jnp.int32)
         oracle = jnp.pad(oracle, ((0, 0), (0, spec.gamma)), constant_values=-1)
@@ -358,8 +401,16 @@ def _decode(
     else:
         state = jax.lax.fori_loop(0, num_rounds, lambda _, s: body(s), state)
     tokens = _read_rows(state.tokens, position + 1, spec.max_new_tokens)
-    tokens = jnp.where(jnp.arange(spec.max_new_tokens) < state.num_new[:, None], tokens, 0)
+    emitted = jnp.arange(spec.max_new_tokens) < state.num_new[:, None]
+    tokens = jnp.where(emitted, tokens, 0)
+    records = {}
+    if spec.record_top_k:
+        keep = lambda buf: jnp.where(emitted[..., None], buf[:, : spec.max_new_tokens], 0)
+        records = dict(
+            record_log_probs=keep(state.record_log_probs), record_ids=keep(state.record_ids)
+        )
     return dict(
+        **records,
         tokens=tokens,
         lengths=state.num_new,
         drafted=state.drafted,
@@ -374,15 +425,18 @@ def _decode(
 _COUNTERS = ("lengths", "drafted", "accepted", "target_calls", "draft_calls", "width_switches")
 
 
-def _packed(out: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-    """(tokens, [B, 6 + histogram] counters): two transfers to the host instead of eight, which
-    at batch 1 on small models is a measurable part of a call."""
+def _packed(out: dict[str, jax.Array]) -> tuple[jax.Array, ...]:
+    """(tokens, [B, 6 + histogram] counters[, recorded log-probs, ids]): two transfers to the
+    host instead of eight, which at batch 1 on small models is a measurable part of a call."""
     counters = [out[name][:, None] for name in _COUNTERS] + [out["sl_histogram"]]
-    return out["tokens"], jnp.concatenate(counters, axis=1)
+    recorded = tuple(out[k] for k in ("record_log_probs", "record_ids") if k in out)
+    return (out["tokens"], jnp.concatenate(counters, axis=1), *recorded)
 
 
-def _unpacked(tokens: np.ndarray, counters: np.ndarray) -> DecodeResult:
+def _unpacked(tokens: np.ndarray, counters: np.ndarray, *recorded: np.ndarray) -> DecodeResult:
     fields = {name: counters[:, i] for i, name in enumerate(_COUNTERS)}
+    if recorded:
+        fields["record_log_probs"], fields["record_ids"] = recorded
     return DecodeResult(tokens=tokens, sl_histogram=counters[:, len(_COUNTERS) :], **fields)
 
 
@@ -532,6 +586,7 @@ def speculative_generate(
     lenience: Lenience | None = None,
     eos_id: int | None = None,
     vocab_size: int | None = None,
+    record_top_k: int = 0,
 ) -> DecodeResult:
     """Speculative decoding (DistillSpec Algorithm A.1) in one jitted loop.
 
@@ -548,12 +603,15 @@ def speculative_generate(
         with source 'classifier'.
       oracle_tokens: [B, max_new_tokens] the target's greedy output, for kind 'oracle'.
       lenience: the lenience function for lossy decoding.
+      record_top_k: k > 0 also returns the target's top-k log-probabilities and ids at every
+        generated token (DecodeResult.record_log_probs / record_ids; see the module's
+        docstring); 0 records nothing.
     """
     fn, args = _speculative_call(
         target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng,
         gamma=gamma, lookahead=lookahead, classifier=classifier, oracle_tokens=oracle_tokens,
         max_new_tokens=max_new_tokens, sampling=sampling, lenience=lenience, eos_id=eos_id,
-        vocab_size=vocab_size,
+        vocab_size=vocab_size, record_top_k=record_top_k,
     )  # fmt: skip
     return _unpacked(*jax.device_get(fn(*args)))
 
@@ -570,7 +628,7 @@ def speculative_program(*args, **kwargs) -> jax.stages.Compiled:
 
 def _speculative_call(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths,
                       rng, gamma, lookahead, classifier, oracle_tokens, max_new_tokens, sampling,
-                      lenience, eos_id, vocab_size):  # fmt: skip
+                      lenience, eos_id, vocab_size, record_top_k=0):  # fmt: skip
     """(the jitted program, its arguments) of a `speculative_generate` call, checked."""
     if (gamma is None) == (lookahead is None):
         raise ValueError("pass exactly one of gamma= (static lookahead) and lookahead=")
@@ -578,6 +636,12 @@ def _speculative_call(target, draft, target_params, draft_params, prompt_tokens,
         lookahead = Lookahead("static", checks.check_int("gamma", gamma))
     if not isinstance(lookahead, Lookahead):
         raise ValueError(f"lookahead must be a distillspec.lookahead.Lookahead, got {lookahead!r}")
+    vocab = checks.shared_vocab_size(target, draft, vocab_size)
+    if not (isinstance(record_top_k, int) and 0 <= record_top_k <= vocab):
+        raise ValueError(
+            f"record_top_k must be an integer in [0, {vocab}] (0 = no recording, at most the "
+            f"vocabulary's {vocab} ids), got {record_top_k!r}"
+        )
     spec = _Spec(
         lookahead.sl_max,
         lookahead.static_part,  # Threshold and start are inputs.
@@ -585,7 +649,8 @@ def _speculative_call(target, draft, target_params, draft_params, prompt_tokens,
         sampling,
         lenience,
         eos_id,
-        checks.shared_vocab_size(target, draft, vocab_size),
+        vocab,
+        record_top_k,
     )
     inputs = _policy_inputs(lookahead, classifier, oracle_tokens, spec, np.shape(prompt_tokens)[0])
     return _checked(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths,

@@ -43,9 +43,11 @@ def test_greedy_speculative_equals_greedy_target(gamma, batch, dtype):
     target, draft = _pair(dtype)
     prompts, lengths = ragged_prompts(batch, 5, target.vocab_size, seed=gamma)
     plain = generate(target, None, prompts, lengths, max_new_tokens=24)
+    # Odd gammas record the target's top-4 (`record_top_k`): the output must not change.
     spec = speculative_generate(
-        target, draft, None, None, prompts, lengths, gamma=gamma, max_new_tokens=24
-    )
+        target, draft, None, None, prompts, lengths, gamma=gamma, max_new_tokens=24,
+        record_top_k=4 if gamma % 2 else 0,
+    )  # fmt: skip
     np.testing.assert_array_equal(spec.tokens, plain.tokens)
     np.testing.assert_array_equal(spec.lengths, 24)
     assert 0 < spec.alpha < 1  # The draft is neither perfect nor useless: both paths are hit.
@@ -54,6 +56,66 @@ def test_greedy_speculative_equals_greedy_target(gamma, batch, dtype):
     assert spec.tau == pytest.approx(spec.lengths.sum() / spec.target_calls.sum())
     # Rows in one batch advance independently: tokens per call = accepted + 1 except the last.
     assert np.all(spec.lengths <= spec.accepted + spec.target_calls)
+
+
+def _expected_records(target, prompts, lengths, tokens, out_lengths, k):
+    """The target's exact top-k log-probabilities at every generated token (MarkovStub)."""
+    log_probs = np.zeros(tokens.shape + (k,))
+    for b in range(len(prompts)):
+        seq = [0] + list(prompts[b, : lengths[b]]) + list(tokens[b, : out_lengths[b]])
+        for i in range(out_lengths[b]):
+            here = lengths[b] + i  # Index in seq of the token that token i follows (seq[0] = 0).
+            log_probs[b, i] = np.sort(np.log(target.next_probs(seq[here - 1], seq[here])))[::-1][:k]
+    return log_probs
+
+
+RECORDED = [
+    ("static", Lookahead("static", 3), SamplingConfig()),
+    ("dynamic", Lookahead("confidence", 6, threshold=0.5), SamplingConfig()),
+    ("sampled", Lookahead("static", 4), SAMPLE),
+    ("sampled-dynamic", Lookahead("confidence", 5, threshold=0.4), SamplingConfig(0.7, top_k=5)),
+]
+
+
+@pytest.mark.parametrize("name,policy,sampling", RECORDED, ids=[r[0] for r in RECORDED])
+def test_recording_changes_no_output_and_keeps_the_targets_top_k(pair, name, policy, sampling):
+    """record_top_k: the same tokens and counters as without it (same key, so sampled runs
+    draw the same numbers), and at each generated token the target's exact top-k
+    log-probabilities of its raw distribution (before temperature / top-k), with their ids."""
+    target, draft = pair
+    prompts, lengths = ragged_prompts(4, 5, target.vocab_size, seed=3)
+    call = functools.partial(
+        speculative_generate, target, draft, None, None, prompts, lengths, jax.random.PRNGKey(7),
+        lookahead=policy, max_new_tokens=20, sampling=sampling, eos_id=2,
+    )  # fmt: skip
+    plain, recorded = call(), call(record_top_k=3)
+    for field in ("tokens", "lengths", "drafted", "accepted", "target_calls", "sl_histogram"):
+        np.testing.assert_array_equal(getattr(recorded, field), getattr(plain, field))
+    assert plain.record_log_probs is None and recorded.record_log_probs.shape == (4, 20, 3)
+    if sampling.greedy:
+        np.testing.assert_array_equal(
+            recorded.tokens, generate(target, None, prompts, lengths, max_new_tokens=20, eos_id=2).tokens
+        )
+    expected = _expected_records(target, prompts, lengths, recorded.tokens, recorded.lengths, 3)
+    np.testing.assert_allclose(recorded.record_log_probs, expected, atol=1e-5)
+    for b in range(4):  # The ids are those of the log-probabilities, and past a row's end 0.
+        n = recorded.lengths[b]
+        assert np.all(recorded.record_ids[b, n:] == 0) and np.all(recorded.record_log_probs[b, n:] == 0)
+        seq = [0] + list(prompts[b, : lengths[b]]) + list(recorded.tokens[b, :n])
+        for i in range(n):
+            probs = target.next_probs(seq[lengths[b] + i - 1], seq[lengths[b] + i])
+            np.testing.assert_allclose(
+                np.log(probs[recorded.record_ids[b, i]]), recorded.record_log_probs[b, i], atol=1e-5
+            )
+
+
+@pytest.mark.parametrize("k", [-1, 17, 2.0])
+def test_bad_record_top_k(pair, k):
+    target, draft = pair
+    prompts, lengths = ragged_prompts(1, 3, target.vocab_size)
+    with pytest.raises(ValueError, match=r"record_top_k must be an integer in \[0, 16\]"):
+        speculative_generate(target, draft, None, None, prompts, lengths, gamma=2,
+                             max_new_tokens=4, record_top_k=k)  # fmt: skip
 
 
 def test_plain_decoding_counts_one_call_per_token(pair):
@@ -190,15 +252,16 @@ def _exact_joint(target, prompt, n):
 
 
 @pytest.mark.parametrize(
-    "gamma,sampling,dtype",
+    "gamma,sampling,dtype,record",
     [
-        (1, SAMPLE, "float32"),
-        (2, SAMPLE, "float32"),
-        (3, SamplingConfig(1.0, top_k=3), "float32"),
-        (2, SAMPLE, "bfloat16"),  # Against the exact distribution of the bfloat16 target.
+        (1, SAMPLE, "float32", 0),
+        (2, SAMPLE, "float32", 0),
+        (3, SamplingConfig(1.0, top_k=3), "float32", 0),
+        (2, SAMPLE, "bfloat16", 0),  # Against the exact distribution of the bfloat16 target.
+        (3, SAMPLE, "float32", 2),  # With the target's top-2 recorded (`record_top_k`).
     ],
 )
-def test_sampling_reproduces_target_distribution(gamma, sampling, dtype):
+def test_sampling_reproduces_target_distribution(gamma, sampling, dtype, record):
     target, draft = markov_pair(vocab=4, seed=11, noise=1.5, scale=1.0, dtype=dtype)
     n_samples, n_tokens = 60_000, 3
     prompts = np.tile(np.array([[1, 2]], np.int32), (n_samples, 1))
@@ -214,6 +277,7 @@ def test_sampling_reproduces_target_distribution(gamma, sampling, dtype):
         gamma=gamma,
         max_new_tokens=n_tokens,
         sampling=sampling,
+        record_top_k=record,
     )
     counts = _joint_counts(out.tokens, 4, n_tokens)
     if sampling.top_k:
