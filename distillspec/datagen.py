@@ -5,7 +5,10 @@ run that resumes at step s sees exactly the data it would have seen:
   u1 <= lambda1              -> the fixed data set's (prompt, completion) pairs;
   else u2 <= lambda2         -> completions sampled from the student (on-policy);
   else                       -> completions sampled from the teacher.
-With `per_example`, each example of the batch draws its own (u1, u2).
+With `per_example`, each example of the batch draws its own (u1, u2). Before them, with a
+served-data fraction lambda0 > 0, u0 <= lambda0 makes the whole batch served data: prompts and
+outputs a recording decoder served, with the target's top-k already computed
+(`distillspec.served`; the trainer runs no teacher on them).
 
 Sequences are then packed into the T5X feature names the models take (`decoder_input_tokens`,
 plus `encoder_input_tokens` for encoder-decoders) with `weights` that are 1 exactly on the
@@ -23,10 +26,14 @@ import numpy as np
 from distillspec.decoding import generate_on_device
 from distillspec.sampling import SamplingConfig
 
-DATASET, STUDENT, TEACHER = 0, 1, 2
-SOURCE_NAMES = ("dataset", "student", "teacher")
+DATASET, STUDENT, TEACHER, SERVED = 0, 1, 2, 3
+SOURCE_NAMES = ("dataset", "student", "teacher", "served")
 # The paper's names for DataMixture's fields, quoted in validation errors.
-LAMBDA_NAMES = {"fixed_data_fraction": "lambda1", "student_data_fraction": "lambda2"}
+LAMBDA_NAMES = {
+    "fixed_data_fraction": "lambda1",
+    "student_data_fraction": "lambda2",
+    "served_data_fraction": "lambda0",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +44,12 @@ class DataMixture:
     student_data_fraction: float = 1.0  # lambda2 in [0, 1]: otherwise, probability of student data.
     per_example: bool = False  # Draw the source per example instead of per batch.
     temperature: float = 1.0  # Sampling temperature of generated data (the paper's finding: 1.0).
+    # lambda0 in [0, 1]: probability that a step's whole batch is served data (`distillspec.served`,
+    # train.served_buffer), drawn before lambda1 and lambda2; those steps run no teacher.
+    served_data_fraction: float = 0.0
 
     def __post_init__(self):
-        for name in ("fixed_data_fraction", "student_data_fraction"):
+        for name in ("fixed_data_fraction", "student_data_fraction", "served_data_fraction"):
             value = getattr(self, name)
             if not 0 <= value <= 1:
                 raise ValueError(
@@ -62,6 +72,9 @@ class DataMixture:
 def step_sources(seed: int, step: int, batch_size: int, mixture: DataMixture) -> np.ndarray:
     """Source of each example of this step: [B] int in (DATASET, STUDENT, TEACHER)."""
     draws = 1 if not mixture.per_example else batch_size
+    if mixture.served_data_fraction > 0:  # Its own stream: lambda0 = 0 leaves the rest as is.
+        if np.random.default_rng([seed, step, 0xA0]).uniform() < mixture.served_data_fraction:
+            return np.full((batch_size,), SERVED, np.int32)
     u1, u2 = np.random.default_rng([seed, step, 0xA2]).uniform(size=(2, draws))
     # u ~ U[0, 1) can be exactly 0.0, so a strict '<' makes lambda = 0 mean "never" (with
     # '<=' a fraction of 0 could still pick that source); lambda = 1 still means "always".

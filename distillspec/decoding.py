@@ -457,55 +457,6 @@ def _checked(target, draft, target_params, draft_params, prompt_tokens, prompt_l
     return fn, (target_params, draft_params, prompt_tokens, prompt_lengths, rng, inputs)
 
 
-def _policy_inputs(policy: Lookahead, classifier, oracle_tokens, spec: _Spec, batch: int):
-    """Checks the per-call values of a lookahead policy; returns the decoder's `inputs`."""
-    if policy.uses_classifier:
-        if classifier is None:
-            raise ValueError(
-                f"lookahead kind {policy.kind!r}"
-                + (" with source='classifier'" if policy.kind == "cumulative" else "")
-                + " needs classifier= (variables from distillspec.disco.load_classifier; train "
-                "one with python -m distillspec.disco)"
-            )
-        top_k = sl.classifier_top_k(classifier)
-        if not 1 <= top_k <= spec.vocab_size:
-            raise ValueError(
-                f"the classifier reads the top {top_k} draft probabilities, but the vocabulary "
-                f"has {spec.vocab_size} ids"
-            )
-    elif classifier is not None:
-        raise ValueError(
-            "classifier= is used by lookahead kinds 'disco' and 'cumulative' (source="
-            f"'classifier') only, not {policy.kind!r}"
-            + (f" with source={policy.source!r}" if policy.source else "")
-        )
-    if policy.kind == "oracle":
-        if not spec.sampling.greedy:
-            raise ValueError(
-                "the oracle lookahead is defined for greedy decoding (temperature 0), got "
-                f"temperature {spec.sampling.temperature}"
-            )
-        shape = np.shape(oracle_tokens) if oracle_tokens is not None else None
-        if shape is None or len(shape) != 2 or shape[0] != batch or shape[1] < spec.max_new_tokens:
-            raise ValueError(
-                "lookahead kind 'oracle' needs oracle_tokens=[B, >= max_new_tokens], the target's "
-                f"greedy output (generate(...).tokens) for B={batch}, got shape {shape}"
-            )
-        # Host input is cut on the host: a jnp slice here would be a dispatch of its own.
-        xp = jnp if isinstance(oracle_tokens, jax.Array) else np
-        oracle_tokens = xp.asarray(oracle_tokens, xp.int32)[:, : spec.max_new_tokens]
-    elif oracle_tokens is not None:
-        raise ValueError(
-            f"oracle_tokens= is used by lookahead kind 'oracle' only, not {policy.kind!r}"
-        )
-    return {
-        "threshold": np.float32(policy.threshold),
-        "start": np.int32(policy.start),
-        "classifier": classifier,
-        "oracle_tokens": oracle_tokens,
-    }
-
-
 def generate(
     model: DecodingModel,
     params,
@@ -652,6 +603,9 @@ def _speculative_call(target, draft, target_params, draft_params, prompt_tokens,
         vocab,
         record_top_k,
     )
-    inputs = _policy_inputs(lookahead, classifier, oracle_tokens, spec, np.shape(prompt_tokens)[0])
+    inputs = sl.policy_inputs(
+        lookahead, classifier, oracle_tokens, spec.vocab_size, spec.sampling, spec.max_new_tokens,
+        np.shape(prompt_tokens)[0],
+    )
     return _checked(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths,
                     rng, spec, inputs, packed=True)  # fmt: skip

@@ -39,6 +39,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from distillspec import checks
 
@@ -246,3 +247,54 @@ def verify_widths(policy: Lookahead) -> tuple[int, ...]:
     widths = set(range(1, 10)) | {policy.sl_max + 1}
     widths |= {2**i for i in range(1, policy.sl_max.bit_length())}
     return tuple(sorted(w for w in widths if w <= policy.sl_max + 1))
+
+
+def policy_inputs(policy: Lookahead, classifier, oracle_tokens, vocab_size: int, sampling,
+                  max_new_tokens: int, batch: int) -> dict:  # fmt: skip
+    """Checks the per-call values of a lookahead policy (its classifier, the oracle's tokens)
+    against the call (vocabulary, sampling, length, batch); returns the decoder's `inputs`."""
+    if policy.uses_classifier:
+        if classifier is None:
+            raise ValueError(
+                f"lookahead kind {policy.kind!r}"
+                + (" with source='classifier'" if policy.kind == "cumulative" else "")
+                + " needs classifier= (variables from distillspec.disco.load_classifier; train "
+                "one with python -m distillspec.disco)"
+            )
+        top_k = classifier_top_k(classifier)
+        if not 1 <= top_k <= vocab_size:
+            raise ValueError(
+                f"the classifier reads the top {top_k} draft probabilities, but the vocabulary "
+                f"has {vocab_size} ids"
+            )
+    elif classifier is not None:
+        raise ValueError(
+            "classifier= is used by lookahead kinds 'disco' and 'cumulative' (source="
+            f"'classifier') only, not {policy.kind!r}"
+            + (f" with source={policy.source!r}" if policy.source else "")
+        )
+    if policy.kind == "oracle":
+        if not sampling.greedy:
+            raise ValueError(
+                "the oracle lookahead is defined for greedy decoding (temperature 0), got "
+                f"temperature {sampling.temperature}"
+            )
+        shape = np.shape(oracle_tokens) if oracle_tokens is not None else None
+        if shape is None or len(shape) != 2 or shape[0] != batch or shape[1] < max_new_tokens:
+            raise ValueError(
+                "lookahead kind 'oracle' needs oracle_tokens=[B, >= max_new_tokens], the target's "
+                f"greedy output (generate(...).tokens) for B={batch}, got shape {shape}"
+            )
+        # Host input is cut on the host: a jnp slice here would be a dispatch of its own.
+        xp = jnp if isinstance(oracle_tokens, jax.Array) else np
+        oracle_tokens = xp.asarray(oracle_tokens, xp.int32)[:, :max_new_tokens]
+    elif oracle_tokens is not None:
+        raise ValueError(
+            f"oracle_tokens= is used by lookahead kind 'oracle' only, not {policy.kind!r}"
+        )
+    return {
+        "threshold": np.float32(policy.threshold),
+        "start": np.int32(policy.start),
+        "classifier": classifier,
+        "oracle_tokens": oracle_tokens,
+    }

@@ -441,29 +441,46 @@ def compile_step_batch(models: Models, mixture: datagen.DataMixture, eos_id, mes
     return jax.jit(step_batch, static_argnames="present", out_shardings=out)
 
 
-def _step_batch(data, step: int, loop: LoopConfig, params, models: Models, mixture, make, mesh):
-    """The packed training batch of `step` (data order and sources from (seed, step))."""
+def _step_batch(data, step: int, loop: LoopConfig, params, models: Models, mixture, make, mesh,
+                served=None):  # fmt: skip
+    """The packed training batch of `step` (data order and sources from (seed, step)); a served
+    step's batch comes from `served` with the target's recorded top-k in it."""
     sources = datagen.step_sources(loop.seed, step, loop.batch_size, mixture)
+    fractions = {
+        f"data_{name}": float(np.mean(sources == i)) for i, name in enumerate(datagen.SOURCE_NAMES)
+    }
+    rng = jax.random.fold_in(jax.random.PRNGKey(loop.seed), step)
+    if sources[0] == datagen.SERVED:  # Its rows as they are, with the target's top-k.
+        if served is None:
+            raise ValueError(
+                f"DataMixture.served_data_fraction = {mixture.served_data_fraction} draws served "
+                "data, but no served buffer was given (train.served_buffer)"
+            )
+        local = served.store.batch(loop.seed, step, loop.batch_size)
+        batch = make(params, models.teacher_params, {**local, "sources": 0 * sources}, rng, ())
+        return _with_cached_teacher(batch, served.top_k, served.store, step, loop), fractions
     local = data.batch(loop.seed, step, loop.batch_size)
     start, stop = partitioning.process_rows(mesh, loop.batch_size)
     local["sources"] = sources[start:stop]
     if mesh is not None:
         local = partitioning.assemble_batch(local, mesh, loop.batch_size)
-    rng = jax.random.fold_in(jax.random.PRNGKey(loop.seed), step)
     present = datagen.present_sources(sources)
-    batch = make(params, models.teacher_params, local, rng, present)
-    fractions = {
-        f"data_{name}": float(np.mean(sources == i)) for i, name in enumerate(datagen.SOURCE_NAMES)
-    }
-    return batch, fractions
+    return make(params, models.teacher_params, local, rng, present), fractions
 
 
-def _with_cached_teacher(batch, topk, data: datagen.ShardedData, step: int, loop: LoopConfig):
-    """The fixed-data batch of `step` with its rows of the teacher's cached top-k."""
-    (store,) = data.stores.values()
+def _with_cached_teacher(batch, topk, store: datagen.ExampleStore, step: int, loop: LoopConfig):
+    """The batch of `step` read from `store` with its rows of the teacher's top-k."""
     indices = store.indices(loop.seed, step, loop.batch_size)
     length = batch["decoder_input_tokens"].shape[1]
     return {**batch, **topk.rows(indices, store.prompt_lengths[indices], length)}
+
+
+def _count_teacher_passes(record: dict, models: Models, batch: dict, fractions: dict) -> None:
+    """Logs the teacher's passes in a step (with a teacher): 1 if it scored the batch (no
+    recorded or cached top-k in it), plus 1 if it sampled some of its rows."""
+    if models.teacher is not None:
+        passes = int(teacher_cache.LOG_PROBS not in batch) + int(fractions["data_teacher"] > 0)
+        record["teacher_forward_passes"] = passes
 
 
 def _report_start(description: str, start: int, train_steps: int, model_dir: str, primary: bool,
@@ -513,6 +530,7 @@ def fit(
     eval_prompts=(),
     eval_max_new_tokens: int = 64,
     teacher_topk: teacher_cache.TeacherTopK | None = None,
+    served=None,
     description: str = "training",
 ):
     """Trains the student from `params`, or resumes from MODEL_DIR's latest checkpoint.
@@ -527,13 +545,10 @@ def fit(
     evaluated as a draft on `eval_prompts` (prompt batches) every `evaluation.period` steps,
     generating up to `eval_max_new_tokens` tokens (see `EvalConfig`). Process 0 prints one line
     at the start: `description` (what is trained on what), then whether it starts fresh or
-    resumes, from which step. With `teacher_topk`
-    (one process, one data shard), steps whose every row is fixed data read the teacher's
-    cached top-k instead of running the teacher (`teacher_cache`).
-
-    Returns:
-      The student's final parameters.
-    """
+    resumes, from which step. With `teacher_topk` (one process, one data shard), steps whose
+    every row is fixed data read the teacher's cached top-k instead of running the teacher
+    (`teacher_cache`); so do served steps (lambda0) from `served` (`served.ServedData`).
+    Returns the student's final parameters."""
     if isinstance(data, datagen.ExampleStore):
         data = datagen.ShardedData({0: data})
     mixture = mixture or datagen.DataMixture(fixed_data_fraction=1.0)
@@ -566,13 +581,15 @@ def fit(
         with watcher:
             for step in range(start, last):
                 batch, fractions = _step_batch(
-                    data, step, loop, state.params, models, mixture, make_batch, mesh
+                    data, step, loop, state.params, models, mixture, make_batch, mesh, served
                 )
                 if teacher_topk is not None and fractions["data_dataset"] == 1.0:
-                    batch = _with_cached_teacher(batch, teacher_topk, data, step, loop)
+                    (store,) = data.stores.values()
+                    batch = _with_cached_teacher(batch, teacher_topk, store, step, loop)
                 state, step_metrics = step_fn(state, models.teacher_params, batch)
                 record = host_metrics(step_metrics, schedule(step), timer.lap())
                 record.update(fractions)
+                _count_teacher_passes(record, models, batch, fractions)
                 check_finite(record, step + 1, last_saved, model_dir)
                 if evaluation.enabled and ((step + 1) % evaluation.period == 0 or step + 1 == last):
                     record.update(evaluate())

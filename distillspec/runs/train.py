@@ -38,6 +38,7 @@ from distillspec import (
     distributed,
     metrics,
     partitioning,
+    served,
     tasks,
     teacher_cache,
     trainer,
@@ -159,6 +160,21 @@ def _check_extras(evaluation: trainer.EvalConfig, top_k: int, multi: bool, teach
     """Periodic evaluation and the teacher cache need a teacher and one device."""
     _check_evaluation(evaluation, multi, teacher)
     _check_teacher_top_k(top_k, multi, teacher, mixture)
+
+
+def _check_served(buffer: str | None, mixture: datagen.DataMixture, multi: bool) -> None:
+    """Served data needs a buffer, and a buffer needs a share of the steps; one device."""
+    fraction = mixture.served_data_fraction
+    if bool(buffer) != (fraction > 0):
+        raise ValueError(
+            f"train.served_buffer = {buffer!r} with DataMixture.served_data_fraction (lambda0) = "
+            f"{fraction}: give both (a buffer and lambda0 > 0) or neither"
+        )
+    if buffer and multi:
+        raise ValueError(
+            "train.served_buffer: served data trains in one process on one device "
+            "(train.mesh_shape = (1, 1))"
+        )
 
 
 def _check_evaluation(evaluation: trainer.EvalConfig, multi: bool, teacher) -> None:
@@ -288,6 +304,7 @@ def train(
     evaluation: trainer.EvalConfig = trainer.EvalConfig(),
     teacher_top_k: int = 0,
     teacher_cache_dir: str | None = None,
+    served_buffer: str | None = None,
     mesh_shape: tuple[int, int] = (1, 1),
     fsdp: bool = False,
     vocabulary: str | None = None,
@@ -314,6 +331,8 @@ def train(
         (`trainer.EvalConfig`); one process, one device.
       teacher_top_k, teacher_cache_dir: k > 0 caches the teacher's top-k on the fixed data
         (`distillspec.teacher_cache`); one process, one device.
+      served_buffer: a served-data buffer (`distillspec.served`), the source of the steps that
+        mixture.served_data_fraction (lambda0) gives to served data; one process, one device.
       mesh_shape: (data, model) device mesh over every process's devices; (1, 1): one device.
       fsdp: also split the teacher's, the student's and the optimizer state's parameters
         over the mesh's 'data' axis (FSDP style, `partitioning.FSDP_RULES`).
@@ -371,7 +390,7 @@ def _report_end(model_dir: str, started: float) -> None:
 def _train(
     model_dir, task, split, task_feature_lengths, student, student_checkpoint, teacher,
     teacher_checkpoint, teacher_seed, loop, loss, optimizer, mixture, evaluation, teacher_top_k,
-    teacher_cache_dir, mesh_shape, fsdp, vocabulary, vocab_size, max_examples, tfds_data_dir,
+    teacher_cache_dir, served_buffer, mesh_shape, fsdp, vocabulary, vocab_size, max_examples, tfds_data_dir,
     console, config_text,
 ):  # fmt: skip
     started = time.monotonic()
@@ -383,6 +402,7 @@ def _train(
     check_special_tokens({"teacher": teacher_checkpoint, "student": student_checkpoint})
     multi = tuple(mesh_shape) != (1, 1) or jax.process_count() > 1
     _check_extras(evaluation, teacher_top_k, multi, teacher or teacher_checkpoint, mixture)
+    _check_served(served_buffer, mixture, multi)
     mesh = partitioning.make_mesh(*mesh_shape) if multi else None
     rules = partitioning.param_rules(fsdp)
     teacher_model, teacher_params = _load_teacher(
@@ -412,6 +432,9 @@ def _train(
         evaluation=evaluation, eval_max_new_tokens=task_feature_lengths["targets"],
         eval_prompts=_eval_prompts(name, evaluation, task_feature_lengths, tokenizer.prompt_bos),
         teacher_topk=_teacher_topk(teacher_top_k, models, data, teacher_cache_dir),
+        served=served_buffer and served.read(
+            served_buffer, student_model.encoder_decoder, vocab_size or teacher_model.vocab_size
+        ),
         description=_describe(student_model, teacher_model, task, split, loss),
     )  # fmt: skip
     _export(student_model, params, tokenizer, model_dir)
