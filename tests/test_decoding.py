@@ -77,11 +77,18 @@ RECORDED = [
 ]
 
 
+@pytest.mark.parametrize("late", [True, False], ids=["late-top-k", "top-k-per-round"])
 @pytest.mark.parametrize("name,policy,sampling", RECORDED, ids=[r[0] for r in RECORDED])
-def test_recording_changes_no_output_and_keeps_the_targets_top_k(pair, name, policy, sampling):
+def test_recording_changes_no_output_and_keeps_the_targets_top_k(
+    pair, name, policy, sampling, late, monkeypatch
+):
     """record_top_k: the same tokens and counters as without it (same key, so sampled runs
     draw the same numbers), and at each generated token the target's exact top-k
-    log-probabilities of its raw distribution (before temperature / top-k), with their ids."""
+    log-probabilities of its raw distribution (before temperature / top-k), with their ids;
+    both ways of recording (raw logits and one top-k after the loop, or a top-k per round)."""
+    import distillspec.decoding
+
+    monkeypatch.setattr(distillspec.decoding, "RECORD_LOGITS_BYTES", 2**30 if late else 0)
     target, draft = pair
     prompts, lengths = ragged_prompts(4, 5, target.vocab_size, seed=3)
     call = functools.partial(

@@ -260,13 +260,17 @@ def test_get_vocabulary_small_corpus(tmp_path):
 
 
 def test_register_tasks_is_idempotent(registered, vocab, tfds_dir):
-    assert registered == ["stdlib_code", "stdlib_lm", "humaneval", *TFDS_TASK_NAMES]
+    assert registered == [
+        "stdlib_code", "stdlib_lm", "humaneval", "pydoc_prose", *TFDS_TASK_NAMES
+    ]  # fmt: skip
     assert tasks.register_tasks(vocab, tfds_data_dir=str(tfds_dir)) == registered
     assert set(registered) <= set(seqio.TaskRegistry.names())
 
 
 @pytest.mark.parametrize(
-    "name,split", [("stdlib_code", "validation"), ("humaneval", "test"), ("stdlib_lm", "train")]
+    "name,split",
+    [("stdlib_code", "validation"), ("humaneval", "test"), ("stdlib_lm", "train"),
+     ("pydoc_prose", "test")],  # fmt: skip
 )
 def test_tasks_yield_tokenized_features(registered, vocab, name, split):
     task = seqio.get_mixture_or_task(name)
@@ -287,6 +291,22 @@ def test_task_splits(registered):
     assert splits["humaneval"] == ("test",)
     humaneval = seqio.get_mixture_or_task("humaneval").get_dataset(None, split="test")
     assert sum(1 for _ in humaneval) == 164
+    assert splits["pydoc_prose"] == ("train", "test")
+
+
+def test_prose_corpus_holds_out_whole_topics_and_loses_no_text():
+    """The drift stream of python -m distillspec.online: over 1,000 training passages, and
+    test passages found in no training topic; each pair is one passage of a topic."""
+    from pydoc_data import topics
+
+    built = corpus.build_prose_corpus()
+    assert len(built["train"]) > 1000 and len(built["test"]) >= 128
+    train = {n: t for n, t in topics.topics.items() if corpus.split_for_key("prose::" + n) == "train"}
+    for split, pairs in built.items():
+        for prompt, completion in pairs:
+            assert any(prompt + completion in text for text in topics.topics.values())
+            in_train = any(prompt + completion in text for text in train.values())
+            assert in_train == (split == "train"), (split, prompt[:40])
 
 
 # ------------------------------------------------------------------------------- prompt batches

@@ -354,6 +354,19 @@ def bootstrap_ci95(
     return float(1.96 * np.std(ratios))
 
 
+def bootstrap_difference(a, b, confidence: float = 0.9, resamples: int = 2000, seed: int = 0):
+    """An interval of sum(a_num) / sum(a_den) - sum(b_num) / sum(b_den) for paired rows (the same
+    prompts decoded two ways; a and b are (numerators [R], denominators [R])): the percentiles
+    of the difference over `resamples` resamplings of the rows with replacement. Returns
+    (low, high)."""
+    (a_num, a_den), (b_num, b_den) = [(np.asarray(n), np.asarray(d)) for n, d in (a, b)]
+    picks = np.random.default_rng(seed).integers(0, len(a_num), (resamples, len(a_num)))
+    ratio = lambda n, d: n[picks].sum(1) / np.maximum(d[picks].sum(1), 1.0)
+    diffs = ratio(a_num, a_den) - ratio(b_num, b_den)
+    tail = 100 * (1 - confidence) / 2
+    return float(np.percentile(diffs, tail)), float(np.percentile(diffs, 100 - tail))
+
+
 def _record(plain, spec, t_plain, t_spec, batches, tvd: float, gamma: int) -> dict[str, Any]:
     """The measured part of one record (see the module docstring for the definitions)."""
     spec_tokens = _valid_sum(spec, "lengths", batches)
