@@ -613,6 +613,6 @@ def _speculative_call(target, draft, target_params, draft_params, prompt_tokens,
     inputs = sl.policy_inputs(
         lookahead, classifier, oracle_tokens, spec.vocab_size, spec.sampling, spec.max_new_tokens,
         np.shape(prompt_tokens)[0],
-    )
+    )  # fmt: skip
     return _checked(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths,
                     rng, spec, inputs, packed=True)  # fmt: skip

@@ -257,32 +257,48 @@ def _forward_kl_bwd(residuals, cotangents):
 _forward_kl_and_probs.defvjp(_forward_kl_fwd, _forward_kl_bwd)
 
 
-def topk_teacher_logits(log_probs: ArrayLike, ids: ArrayLike, vocab_size: int) -> jax.Array:
-    """The teacher's distribution from its top-k log-probabilities (`distillspec.teacher_cache`).
+def topk_teacher_logits(
+    log_probs: ArrayLike, ids: ArrayLike, vocab_size: int, student_logits: ArrayLike | None = None
+) -> jax.Array:
+    """The teacher's distribution from its top-k log-probabilities (`distillspec.teacher_cache`,
+    `distillspec.served`).
 
     The k ids keep their exact probabilities p_1..p_k; the tail mass r = 1 - sum_i p_i (at
-    least 1e-12, so every id keeps a finite log-probability) is spread uniformly over the
-    other V - k ids. The result is normalised log-probabilities, usable as teacher logits by
-    every divergence; with k = V it is the teacher's distribution itself. For FKL the tail
-    contributes r * (log(r / (V - k)) - mean log q over the tail ids), so a small k biases only
-    where the teacher's tail is heavy.
+    least 1e-12, so every id keeps a finite log-probability) goes to the other V - k ids in
+    the student's own proportions (`student_logits`, gradient stopped), or uniformly without
+    them. The result is normalised log-probabilities, usable as teacher logits by every
+    divergence; with k = V it is the teacher's distribution itself. With the student's tail
+    shape, a divergence sees exactly what was recorded: FKL becomes
+    sum_i p_i log(p_i / q_i) + r log(r / Q) (Q: the student's tail mass), so the student
+    learns the top k and the tail's mass, and is not pushed towards a flat tail (a uniform
+    tail is what a small k otherwise teaches it: measured on served data, the acceptance
+    proxy against it rose while the real acceptance rate fell).
 
     Args:
       log_probs: [..., k] the teacher's k largest log-probabilities; ids: [..., k] their ids
         (distinct along the last axis).
       vocab_size: V.
+      student_logits: [..., V'] (V' >= V) the student's logits at the same positions, or None.
 
     Returns:
       [..., V] float32 log-probabilities.
     """
     log_probs = jnp.asarray(log_probs, jnp.float32)
+    ids = jnp.asarray(ids, jnp.int32)
     k = log_probs.shape[-1]
     if not 1 <= k <= vocab_size:
         raise ValueError(f"top-k teacher: k = {k} must be in [1, vocab_size = {vocab_size}]")
-    tail = jnp.maximum(1.0 - jnp.sum(jnp.exp(log_probs), axis=-1), 1e-12)
-    tail = jnp.log(tail) - math.log(max(vocab_size - k, 1))
-    dense = jnp.broadcast_to(tail[..., None], (*log_probs.shape[:-1], vocab_size))
-    return jnp.put_along_axis(dense, jnp.asarray(ids, jnp.int32), log_probs, axis=-1, inplace=False)
+    tail = jnp.log(jnp.maximum(1.0 - jnp.sum(jnp.exp(log_probs), axis=-1), 1e-12))[..., None]
+    shape = (*log_probs.shape[:-1], vocab_size)
+    if student_logits is None:
+        dense = jnp.broadcast_to(tail - math.log(max(vocab_size - k, 1)), shape)
+    else:
+        student = jax.lax.stop_gradient(jnp.asarray(student_logits, jnp.float32)[..., :vocab_size])
+        in_top = jnp.put_along_axis(jnp.zeros(shape, bool), ids, True, axis=-1, inplace=False)
+        student = jnp.where(in_top, -jnp.inf, student)
+        dense = tail + student - jax.nn.logsumexp(student, axis=-1, keepdims=True)
+        dense = jnp.where(in_top, 0.0, dense)  # Overwritten below; keeps -inf out of the sum.
+    return jnp.put_along_axis(dense, ids, log_probs, axis=-1, inplace=False)
 
 
 def cross_entropy(

@@ -7,6 +7,7 @@
         [--disco_trained_json runs/benchmarks/disco_trained.json]
         [--train_step_json runs/benchmarks/train_step.json]
         [--versus_trl_json runs/benchmarks/versus_trl.json] [--plan runs/plan]
+        [--online runs/online]
 
 Each flag points at one input; its default is where the documented command writes it. A page is
 written only for the inputs that exist, and docs/results/README.md lists every page with the
@@ -31,7 +32,7 @@ from typing import Any
 
 from distillspec import plots, seed_spread, tables
 from distillspec.records import RECORDS_FILE, eval_set, read_jsonl, timing_warnings
-from distillspec.runs import plan_report
+from distillspec.runs import online_report, plan_report
 from distillspec.study import report as study_report
 
 QUALITY_FILE = "quality.jsonl"
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--train_step_json", default="runs/benchmarks/train_step.json")
     add("--versus_trl_json", default="runs/benchmarks/versus_trl.json")
     add("--plan", default="runs/plan", help="python -m distillspec.plan --validate's OUTPUT_DIR")
+    add("--online", default="runs/online", help="python -m distillspec.online's OUTPUT_DIR")
     return parser
 
 
@@ -361,6 +363,14 @@ def versus_trl_page(args: argparse.Namespace, out_dir: str) -> str | None:
     return _record_page(args.versus_trl_json)
 
 
+def _copy_figure(run_dir: str, name: str, out_dir: str) -> bool:
+    """Copies run_dir/name beside the pages, if the run wrote it."""
+    path = os.path.join(run_dir, name)
+    if os.path.isfile(path):
+        shutil.copyfile(path, os.path.join(out_dir, name))
+    return os.path.isfile(path)
+
+
 def plan_page(args: argparse.Namespace, out_dir: str) -> str | None:
     """The plan's check (validation.json), then the plan it checked (plan.md, plan.png)."""
     check = _json(os.path.join(args.plan, "validation.json"))
@@ -372,9 +382,18 @@ def plan_page(args: argparse.Namespace, out_dir: str) -> str | None:
         with open(plan_md) as f:
             body = f.read().split("\n", 1)[1]  # Without its title.
         page += "\n## The plan it checks\n" + body
-        png = os.path.join(args.plan, "plan.png")
-        if os.path.isfile(png):
-            shutil.copyfile(png, os.path.join(out_dir, "plan.png"))
+        _copy_figure(args.plan, "plan.png", out_dir)
+    return page
+
+
+def online_page(args: argparse.Namespace, out_dir: str) -> str | None:
+    """The online run's figures and goals (online.json), with its plot."""
+    result = _json(os.path.join(args.online, "online.json"))
+    if not result:
+        return None
+    page = online_report.markdown(result)
+    if _copy_figure(args.online, "online.png", out_dir):
+        page += "\n![served alpha per chunk](online.png)\n"
     return page
 
 
@@ -432,6 +451,12 @@ PAGES = (
         "The draft plan checked: predicted against measured speed-up of fully trained candidates",
         "python -m distillspec.plan --gin_file=experiments/plan_quickstart.gin --validate",
         plan_page,
+    ),
+    Page(
+        "online.md",
+        "Online distillation: the main job's draft adapting to a drifted stream it serves",
+        "python -m distillspec.online --gin_file=experiments/online_quickstart.gin",
+        online_page,
     ),
 )
 

@@ -114,7 +114,9 @@ def append(directory: str, examples: dict, max_examples: int) -> str:
     """Writes `examples` (the FIELDS, plus vocab_size) as the buffer's newest chunk, then drops
     the oldest chunks while the buffer holds more than max_examples rows. Returns the chunk."""
     if not (isinstance(max_examples, int) and max_examples >= 1):
-        raise ValueError(f"the served buffer's max_examples must be an integer >= 1, got {max_examples!r}")
+        raise ValueError(
+            f"the served buffer's max_examples must be an integer >= 1, got {max_examples!r}"
+        )
     os.makedirs(directory, exist_ok=True)
     for stale in glob.glob(os.path.join(directory, "*.tmp")):  # A writer killed mid-chunk.
         os.remove(stale)
@@ -148,9 +150,7 @@ def records(prompt_tokens, prompt_lengths, result, vocab_size: int) -> dict:
     """The chunk of a recording decoder's call (`DecodeResult` with record_log_probs) on these
     prompts, for `append`."""
     if result.record_log_probs is None:
-        raise ValueError(
-            "this decoding result holds no recording: decode with record_top_k=k > 0"
-        )
+        raise ValueError("this decoding result holds no recording: decode with record_top_k=k > 0")
     return {
         "prompt_tokens": np.asarray(prompt_tokens, np.int32),
         "prompt_lengths": np.asarray(prompt_lengths, np.int32),
@@ -166,7 +166,9 @@ def _padded(x: np.ndarray, width: int) -> np.ndarray:
     return np.pad(x, [(0, 0), (0, width - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
 
 
-def read(directory: str, encoder_decoder: bool = False, vocab_size: int | None = None) -> ServedData:
+def read(
+    directory: str, encoder_decoder: bool = False, vocab_size: int | None = None
+) -> ServedData:
     """The whole buffer as training data (rows padded to the longest chunk's P and N).
 
     vocab_size: the models' vocabulary, checked against the buffer's (a buffer recorded with
@@ -197,14 +199,19 @@ def read(directory: str, encoder_decoder: bool = False, vocab_size: int | None =
             f"{vocab_size}: it was served by another target"
         )
     width = {f: max(p[f].shape[1] for p in parts) for f in ("prompt_tokens", "tokens")}
-    joined = lambda f, w=None: np.concatenate([p[f] if w is None else _padded(p[f], w) for p in parts])
+    joined = lambda f, w=None: np.concatenate(
+        [p[f] if w is None else _padded(p[f], w) for p in parts]
+    )
     store = datagen.ExampleStore(
         joined("prompt_tokens", width["prompt_tokens"]),
         joined("prompt_lengths"),
         joined("tokens", width["tokens"]),
         joined("lengths"),
     )
-    log_probs, ids = joined("top_k_log_probs", width["tokens"]), joined("top_k_ids", width["tokens"])
+    log_probs, ids = (
+        joined("top_k_log_probs", width["tokens"]),
+        joined("top_k_ids", width["tokens"]),
+    )
     k = log_probs.shape[2]
     past = np.arange(log_probs.shape[1]) >= store.completion_lengths[:, None]
     # Past a row's end (no weight in the loss): a uniform top-k over distinct ids, as

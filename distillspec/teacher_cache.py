@@ -8,8 +8,8 @@ position of the training split once, stores them in
 <cache>/teacher_topk/<key>.npz (key: the teacher's parameters, the data, k and the model
 family, hashed), and every later fixed-data step reads its rows instead of running the teacher
 forward; steps on generated data still run the teacher. The loss sees the distribution of
-`losses.topk_teacher_logits` (exact top-k probabilities, the tail mass spread uniformly over
-the other ids): exact for k = V, an approximation otherwise.
+`losses.topk_teacher_logits` (exact top-k probabilities, the tail mass over the other ids in the
+student's own proportions): exact for k = V; otherwise the top k and the tail's mass are.
 """
 
 from __future__ import annotations

@@ -130,6 +130,7 @@ def train_step(
     state: TrainState,
     teacher_params,
     batch: dict,
+    tail_params=None,
     *,
     student,
     teacher,
@@ -147,6 +148,9 @@ def train_step(
         models' heads and the loss then run on those N positions only); with the teacher's
         cached top-k (`teacher_cache`: [B, L, k] log-probabilities and ids), these stand in
         for the teacher's forward (`losses.topk_teacher_logits`).
+      tail_params: student parameters whose distribution shapes the tail past a cached or served
+        top-k (`losses.topk_teacher_logits`), e.g. the draft before online adaptation; None: the
+        student's own.
       student, teacher: models with `logits(params, batch, positions) -> [B, L or N, V]`
         (`models.base.ScoringModel`).
       loss: the divergence (or 'ce').
@@ -161,22 +165,24 @@ def train_step(
     at = lambda x: x if positions is None else _take_positions(x, positions)
     weights = at(batch["weights"])
     teacher_logits = None
-    if teacher_cache.LOG_PROBS in batch:  # A fixed-data step with the teacher's top-k cached.
-        teacher_logits = losses.topk_teacher_logits(
-            at(batch[teacher_cache.LOG_PROBS]), at(batch[teacher_cache.IDS]), teacher.vocab_size
-        )
-    elif teacher is not None:
+    cached = teacher_cache.LOG_PROBS in batch  # The teacher's top-k, cached or served.
+    if teacher is not None and not cached:
         teacher_logits = jax.lax.stop_gradient(teacher.logits(teacher_params, inputs, positions))
 
     def objective(params):
         logits = student.logits(params, inputs, positions)
+        target = teacher_logits
+        if cached:  # The tail past the top k in the student's (or tail_params') proportions.
+            shape = tail_params and student.logits(tail_params, inputs, positions)
+            target = losses.topk_teacher_logits(
+                at(batch[teacher_cache.LOG_PROBS]), at(batch[teacher_cache.IDS]),
+                teacher.vocab_size, logits if shape is None else shape,
+            )  # fmt: skip
         if loss.divergence == "ce":
             total, count = losses.cross_entropy(logits, at(batch["targets"]), weights)
             sums = {"loss_sum": total, "weight_sum": count}
         else:  # The loss and the acceptance metric share each distribution's log-softmax.
-            sums = losses.distillation_sums(
-                logits, teacher_logits, weights, loss.divergence, loss.beta
-            )
+            sums = losses.distillation_sums(logits, target, weights, loss.divergence, loss.beta)
         return losses.mean(sums["loss_sum"], sums["weight_sum"]), sums
 
     grads, sums = jax.grad(objective, has_aux=True)(state.params)
@@ -531,6 +537,7 @@ def fit(
     eval_max_new_tokens: int = 64,
     teacher_topk: teacher_cache.TeacherTopK | None = None,
     served=None,
+    tail_params=None,
     description: str = "training",
 ):
     """Trains the student from `params`, or resumes from MODEL_DIR's latest checkpoint.
@@ -547,8 +554,8 @@ def fit(
     at the start: `description` (what is trained on what), then whether it starts fresh or
     resumes, from which step. With `teacher_topk` (one process, one data shard), steps whose
     every row is fixed data read the teacher's cached top-k instead of running the teacher
-    (`teacher_cache`); so do served steps (lambda0) from `served` (`served.ServedData`).
-    Returns the student's final parameters."""
+    (`teacher_cache`); so do served steps (lambda0) from `served` (`served.ServedData`), the
+    tail past the top k shaped by `tail_params` (`train_step`). Returns the final parameters."""
     if isinstance(data, datagen.ExampleStore):
         data = datagen.ShardedData({0: data})
     mixture = mixture or datagen.DataMixture(fixed_data_fraction=1.0)
@@ -586,7 +593,7 @@ def fit(
                 if teacher_topk is not None and fractions["data_dataset"] == 1.0:
                     (store,) = data.stores.values()
                     batch = _with_cached_teacher(batch, teacher_topk, store, step, loop)
-                state, step_metrics = step_fn(state, models.teacher_params, batch)
+                state, step_metrics = step_fn(state, models.teacher_params, batch, tail_params)
                 record = host_metrics(step_metrics, schedule(step), timer.lap())
                 record.update(fractions)
                 _count_teacher_passes(record, models, batch, fractions)

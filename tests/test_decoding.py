@@ -101,13 +101,16 @@ def test_recording_changes_no_output_and_keeps_the_targets_top_k(
     assert plain.record_log_probs is None and recorded.record_log_probs.shape == (4, 20, 3)
     if sampling.greedy:
         np.testing.assert_array_equal(
-            recorded.tokens, generate(target, None, prompts, lengths, max_new_tokens=20, eos_id=2).tokens
+            recorded.tokens,
+            generate(target, None, prompts, lengths, max_new_tokens=20, eos_id=2).tokens,
         )
     expected = _expected_records(target, prompts, lengths, recorded.tokens, recorded.lengths, 3)
     np.testing.assert_allclose(recorded.record_log_probs, expected, atol=1e-5)
     for b in range(4):  # The ids are those of the log-probabilities, and past a row's end 0.
         n = recorded.lengths[b]
-        assert np.all(recorded.record_ids[b, n:] == 0) and np.all(recorded.record_log_probs[b, n:] == 0)
+        assert np.all(recorded.record_ids[b, n:] == 0) and np.all(
+            recorded.record_log_probs[b, n:] == 0
+        )
         seq = [0] + list(prompts[b, : lengths[b]]) + list(recorded.tokens[b, :n])
         for i in range(n):
             probs = target.next_probs(seq[lengths[b] + i - 1], seq[lengths[b] + i])

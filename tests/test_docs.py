@@ -33,8 +33,9 @@ PAGES = (
     "getting-started", "your-own-model", "training", "evaluation", "decoding",
     "dynamic-lookahead", "study", "t5x-checkpoints", "benchmarks", "design",
 )  # fmt: skip
-GIN_RUNS = {"train", "evaluate", "quickstart", "disco", "study", "plan"}
-OWN_FLAGS = {"quickstart": "--output_dir", "study": "--output_dir"}  # Parsed before gin's flags.
+GIN_RUNS = {"train", "evaluate", "quickstart", "disco", "study", "plan", "online"}
+# Parsed before gin's flags.
+OWN_FLAGS = {"quickstart": "--output_dir", "study": "--output_dir", "online": "--json"}
 IMPLICIT_GIN = {"quickstart": "experiments/quickstart.gin"}
 SHELL_BLOCKS = ("", "bash", "sh", "shell", "console")
 SEPARATORS = {"&&", "||", ";", "|", "do", "done", "then", "(", ")"}

@@ -67,7 +67,8 @@ def _writer(buffer: str) -> subprocess.Popen:
         "    n, steps, k = 64, 256, 8\n"
         "    log_probs = -rng.random((n, steps, k)).astype(np.float32)\n"
         "    served.append(sys.argv[1], dict(prompt_tokens=np.ones((n, 4), np.int32),\n"
-        "        prompt_lengths=np.full(n, 4, np.int32), tokens=np.full((n, steps), i % 7, np.int32),\n"
+        "        prompt_lengths=np.full(n, 4, np.int32),\n"
+        "        tokens=np.full((n, steps), i % 7, np.int32),\n"
         "        lengths=np.full(n, steps, np.int32), top_k_log_probs=log_probs,\n"
         "        top_k_ids=np.broadcast_to(np.arange(k, dtype=np.int32), (n, steps, k)),\n"
         "        vocab_size=16), max_examples=256)\n"
@@ -156,6 +157,21 @@ def test_served_steps_train_as_the_teacher_would_without_running_it(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
     with pytest.raises(ValueError, match="no served buffer was given"):
         run("none", datagen.DataMixture(served_data_fraction=1.0))
+    # tail_params: the tail past the top k in another model's proportions (the draft before
+    # adaptation). With k < V: the first step (its parameters are those) loses the same; later
+    # steps, whose student has moved, do not.
+    small = served.read(buffer, vocab_size=vocab)
+    small = served.ServedData(
+        small.store,
+        type(small.top_k)(small.top_k.log_probs[..., :4], small.top_k.ids[..., :4], False),
+        vocab,
+    )
+    initial = jax.tree.map(np.array, student_params)
+    run("own", datagen.DataMixture(served_data_fraction=1.0), served=small)
+    run("frozen", datagen.DataMixture(served_data_fraction=1.0), served=small, tail_params=initial)
+    own, frozen = (metrics.read_metrics(str(tmp_path / n)) for n in ("own", "frozen"))
+    assert own[0]["loss"] == pytest.approx(frozen[0]["loss"], rel=1e-6)
+    assert own[-1]["loss"] != pytest.approx(frozen[-1]["loss"], rel=1e-6)
 
 
 def test_lambda0_zero_leaves_the_data_order_and_lambda0_draws_whole_batches():

@@ -269,8 +269,12 @@ def test_register_tasks_is_idempotent(registered, vocab, tfds_dir):
 
 @pytest.mark.parametrize(
     "name,split",
-    [("stdlib_code", "validation"), ("humaneval", "test"), ("stdlib_lm", "train"),
-     ("pydoc_prose", "test")],  # fmt: skip
+    [
+        ("stdlib_code", "validation"),
+        ("humaneval", "test"),
+        ("stdlib_lm", "train"),
+        ("pydoc_prose", "test"),
+    ],  # fmt: skip
 )
 def test_tasks_yield_tokenized_features(registered, vocab, name, split):
     task = seqio.get_mixture_or_task(name)
@@ -301,7 +305,9 @@ def test_prose_corpus_holds_out_whole_topics_and_loses_no_text():
 
     built = corpus.build_prose_corpus()
     assert len(built["train"]) > 1000 and len(built["test"]) >= 128
-    train = {n: t for n, t in topics.topics.items() if corpus.split_for_key("prose::" + n) == "train"}
+    train = {
+        n: t for n, t in topics.topics.items() if corpus.split_for_key("prose::" + n) == "train"
+    }
     for split, pairs in built.items():
         for prompt, completion in pairs:
             assert any(prompt + completion in text for text in topics.topics.values())

@@ -708,7 +708,7 @@ def test_periodic_evaluation_needs_a_teacher(tmp_path):
 # The teacher's top-k cache on fixed data.
 
 
-def test_topk_teacher_logits_keep_the_top_k_and_spread_the_tail():
+def test_topk_teacher_logits_keep_the_top_k_and_give_the_tail_the_students_shape():
     from distillspec import losses
 
     logits = jax.random.normal(jax.random.PRNGKey(3), (2, 3, 11)) * 2
@@ -723,6 +723,25 @@ def test_topk_teacher_logits_keep_the_top_k_and_spread_the_tail():
     np.testing.assert_allclose(
         np.exp(dense)[others].reshape(2, 3, 7), np.repeat(tail[..., None] / 7, 7, -1), rtol=1e-5
     )
+    # With the student's logits, the tail keeps the student's proportions and the top-k mass:
+    # FKL is then sum_i p_i log(p_i / q_i) + r log(r / Q), whose gradient pushes no tail id
+    # against the others (every tail id's gradient is q_j (1 - r / Q)).
+    student = jax.random.normal(jax.random.PRNGKey(4), (2, 3, 11))
+    shaped = np.asarray(losses.topk_teacher_logits(values, ids, 11, student))
+    np.testing.assert_allclose(np.exp(shaped).sum(-1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(np.take_along_axis(shaped, np.asarray(ids), -1), values, rtol=1e-6)
+    q = np.asarray(jax.nn.softmax(student))
+    tail_q = np.where(others, q, 0.0)
+    expected = tail[..., None] * tail_q / tail_q.sum(-1, keepdims=True)
+    np.testing.assert_allclose(np.exp(shaped)[others], expected[others], rtol=1e-5)
+
+    def fkl(s):
+        p = jnp.exp(losses.topk_teacher_logits(values, ids, 11, s))
+        return jnp.sum(p * (jnp.log(p) - jax.nn.log_softmax(s)))
+
+    grad = np.asarray(jax.grad(fkl)(student))
+    mass = tail_q.sum(-1, keepdims=True)
+    np.testing.assert_allclose(grad[others], (q * (1 - tail[..., None] / mass))[others], atol=1e-5)
     full_values, full_ids = jax.lax.top_k(log_p, 11)  # k = V: the distribution itself
     np.testing.assert_allclose(losses.topk_teacher_logits(full_values, full_ids, 11), log_p,
                                atol=1e-6)  # fmt: skip

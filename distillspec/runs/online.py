@@ -35,21 +35,27 @@ from distillspec import datagen, metrics, served, trainer
 from distillspec.evaluation.drafts import (
     batch1_latencies,
     bootstrap_difference,
+    decodable,
     latency_batches,
     plain_call,
     spec_call,
 )
 from distillspec.feature_converters import valid_rows
-from distillspec.records import append_records, read_jsonl, write_json_atomic
+from distillspec.records import append_records, read_jsonl, write_json_atomic, write_jsonl_atomic
 from distillspec.runs import online_report
 from distillspec.runs.common import export, open_run, prompt_sets
 from distillspec.sampling import SamplingConfig
 
-CHUNKS_FILE, RESULT_FILE = "chunks.jsonl", "online.json"
+CHUNKS_FILE, COMPARED_FILE, RESULT_FILE = "chunks.jsonl", "compared.jsonl", "online.json"
+DESCRIBED = (  # The arguments online.json's context repeats.
+    "stream", "held_out", "original", "seeds", "warm", "warm_prompts", "buffer_max_examples",
+    "chunk_prompts", "steps_per_chunk", "serve_gamma", "serve_temperature", "record_top_k",
+    "tail_from_frozen", "target_checkpoint", "draft_checkpoint",
+)  # fmt: skip
 
 
-def _check(chunk_prompts, stream_prompts, steps_per_chunk, record_top_k, seeds, gammas, temperatures,
-           checkpoints):  # fmt: skip
+def _check(chunk_prompts, stream_prompts, steps_per_chunk, record_top_k, seeds, gammas,
+           temperatures, checkpoints):  # fmt: skip
     for name, value, least in (
         ("chunk_prompts", chunk_prompts, 1), ("stream_prompts", stream_prompts, 1),
         ("steps_per_chunk", steps_per_chunk, 1), ("record_top_k", record_top_k, 1),
@@ -135,17 +141,43 @@ def _train_chunk(directory, models, params, buffer, chunk_index, context) -> tup
         directory, models, jax.tree.map(jnp.copy, params), data.store, loop, context["loss"],
         context["optimizer"],
         mixture=datagen.DataMixture(served_data_fraction=1.0), served=data, console=False,
+        tail_params=context["tail_params"],
         description=f"adapting the draft on {len(data)} served examples",
     )  # fmt: skip
     seconds = time.perf_counter() - started
     logged = [r for r in metrics.read_metrics(directory) if "loss" in r]
     window = range(steps * chunk_index + 1, steps * (chunk_index + 1) + 1)
-    passes = sum(r.get("teacher_forward_passes", 0) for r in logged if r["step"] in window)
+    passes = int(sum(r.get("teacher_forward_passes", 0) for r in logged if r["step"] in window))
     return params, seconds, passes
 
 
-def _adapt(seed_dir, target, target_params, draft, draft_params, rows, context) -> tuple:
-    """The loop over one seed's chunks; returns (adapted params, chunk records)."""
+def _chunk_file(buffer: str, number: int) -> str:
+    return os.path.join(buffer, f"{served.PREFIX}{number:012d}{served.SUFFIX}")
+
+
+def _warm(seed_dir, target, draft, target_params, draft_params, rows, context) -> int:
+    """Fills the buffer with the traffic served before the drift: the frozen draft serving the
+    `warm` prompts, recorded, no training. Returns the chunk files it took (resumable)."""
+    buffer, size = os.path.join(seed_dir, "buffer"), context["chunk_prompts"]
+    count = -(-len(rows["prompt_lengths"]) // size)
+    if os.path.isfile(os.path.join(seed_dir, "warm.done")):
+        return count
+    for i in range(count):
+        if not os.path.isfile(_chunk_file(buffer, i)):
+            part = {k: v[i * size : (i + 1) * size] for k, v in rows.items()}
+            rng = jax.random.fold_in(jax.random.PRNGKey(context["seed"]), 10_000 + i)
+            records, _ = _serve_chunk(target, draft, target_params, draft_params, part, rng,
+                                      context)  # fmt: skip
+            served.append(buffer, records, context["buffer_max_examples"])
+    open(os.path.join(seed_dir, "warm.done"), "w").close()
+    print(f"[online] seed {context['seed']}: the buffer holds {len(served.read(buffer))} "
+          "examples of the traffic before the drift", file=sys.stderr)  # fmt: skip
+    return count
+
+
+def _adapt(seed_dir, target, target_params, draft, draft_params, rows, context, offset=0):
+    """The loop over one seed's chunks (their buffer files numbered from `offset`); returns
+    (adapted params, chunk records)."""
     buffer, adapted = os.path.join(seed_dir, "buffer"), os.path.join(seed_dir, "adapted")
     log = os.path.join(seed_dir, CHUNKS_FILE)
     done = read_jsonl(log) if os.path.isfile(log) else []
@@ -159,15 +191,15 @@ def _adapt(seed_dir, target, target_params, draft, draft_params, rows, context) 
         started = time.perf_counter()
         part, sums = _serve_chunk(target, draft, target_params, params, chunk, rng, context)
         serve_seconds = time.perf_counter() - started
-        written = os.path.join(buffer, f"{served.PREFIX}{c:012d}{served.SUFFIX}")
-        if not os.path.isfile(written):  # Not appended before an interruption.
+        if not os.path.isfile(_chunk_file(buffer, offset + c)):  # Not appended before a stop.
             served.append(buffer, part, context["buffer_max_examples"])
         singles = latency_batches([dict(chunk, valid=np.ones_like(chunk["prompt_lengths"]))],
                                   context["latency_prompts"])  # fmt: skip
         timing = _latency(target, draft, target_params, params, singles, rng, context)
         params, train_seconds, passes = _train_chunk(adapted, models, params, buffer, c, context)
         record = {
-            "seed": context["seed"], "chunk": c, "prompts_served": (c + 1) * size,
+            "seed": context["seed"], "chunk": c,
+            "prompts_served": min((c + 1) * size, len(rows["prompt_lengths"])),
             "alpha": sums["accepted"] / max(sums["drafted"], 1),
             "tau": sums["lengths"] / max(sums["target_calls"], 1),
             **timing, "serve_seconds": serve_seconds, "train_seconds": train_seconds,
@@ -183,7 +215,9 @@ def _counters(target, draft, target_params, params, batches, rng, sampling, deco
     """Per-prompt accepted, drafted, lengths and target_calls over the valid rows."""
     out = {k: [] for k in ("accepted", "drafted", "lengths", "target_calls")}
     for i, batch in enumerate(batches):
-        result = spec_call(target, draft, target_params, params, rng, sampling, decode, i, batch)
+        result = spec_call(
+            target, draft, target_params, params, rng, sampling, decode, i, decodable(batch)
+        )
         keep = valid_rows(batch) > 0
         for key in out:
             out[key].append(np.asarray(getattr(result, key), np.float64)[keep])
@@ -197,12 +231,12 @@ def _compare(target, draft, target_params, frozen, adapted, sets, context) -> li
     for (name, batches), gamma, temperature in (
         (s, g, t) for s in sets.items() for g in context["gammas"] for t in context["temperatures"]
     ):
-        rng = jax.random.PRNGKey(context["seed"])
-        run = lambda params: _counters(
-            target, draft, target_params, params, batches, rng, SamplingConfig(temperature),
-            dict(context["decode"], gamma=gamma),
+        run = functools.partial(
+            _counters, target, draft, target_params, batches=batches,
+            rng=jax.random.PRNGKey(context["seed"]), sampling=SamplingConfig(temperature),
+            decode=dict(context["decode"], gamma=gamma),
         )  # fmt: skip
-        a, f = run(adapted), run(frozen)
+        a, f = run(params=adapted), run(params=frozen)
         ratio = lambda c, n, d: c[n].sum() / max(c[d].sum(), 1.0)
         low, high = bootstrap_difference(
             (a["accepted"], a["drafted"]), (f["accepted"], f["drafted"]), confidence=0.9
@@ -221,6 +255,35 @@ def _compare(target, draft, target_params, frozen, adapted, sets, context) -> li
     return rows
 
 
+def _prompt_sets(
+    names, original: bool, warm: bool, lengths, bos, stream, eval_prompts, warm_prompts
+):
+    """(the stream's batches, {'held_out'[, 'original']: batches}, {warm set: batches} or {})
+    from the registered sets `names` (stream, held out[, original][, warm])."""
+    (count, batch) = stream
+    (stream_batches,) = prompt_sets(names[:1], lengths, count, batch, bos).values()
+    one = lambda name: next(iter(prompt_sets([name], lengths, eval_prompts, 32, bos).values()))
+    evals = {k: one(name) for k, name in zip(["held_out", "original"], names[1 : 2 + original])}
+    warm_batches = prompt_sets(names[-1:], lengths, warm_prompts, batch, bos) if warm else {}
+    return stream_batches, evals, warm_batches
+
+
+def _seed(seed_dir, target, target_params, draft, draft_params, rows, evals, tokenizer, context):
+    """One seed: the warm buffer, the chunks, the adapted draft's export, the comparison
+    (read back on a rerun). Returns (chunk records, comparison rows)."""
+    offset = 0
+    if "warm" in rows:
+        offset = _warm(seed_dir, target, draft, target_params, draft_params, rows["warm"], context)
+    adapted, log = _adapt(seed_dir, target, target_params, draft, draft_params, rows["stream"],
+                          context, offset)  # fmt: skip
+    export(draft, adapted, tokenizer, os.path.join(seed_dir, "adapted", "export"))
+    compared = os.path.join(seed_dir, COMPARED_FILE)
+    if not os.path.isfile(compared):
+        rows = _compare(target, draft, target_params, draft_params, adapted, evals, context)
+        write_jsonl_atomic(compared, rows)
+    return log, read_jsonl(compared)
+
+
 def online(
     output_dir: str,
     target_checkpoint: str,
@@ -228,6 +291,9 @@ def online(
     stream: tuple[str, str] = ("pydoc_prose", "train"),
     held_out: tuple[str, str] = ("pydoc_prose", "test"),
     original: tuple[str, str] | None = ("stdlib_code", "test"),
+    warm: tuple[str, str] | None = None,
+    warm_prompts: int = 1000,
+    tail_from_frozen: bool = True,
     task_feature_lengths: Mapping[str, int] = {"inputs": 64, "targets": 64},  # noqa: B006
     stream_prompts: int = 1000,
     chunk_prompts: int = 100,
@@ -242,8 +308,8 @@ def online(
     optimizer: trainer.OptimizerConfig = trainer.OptimizerConfig(
         name="adamw", learning_rate=1e-3, final_fraction=1.0
     ),
-    latency_prompts: int = 8,
-    timing_repeats: int = 1,
+    latency_prompts: int = 16,
+    timing_repeats: int = 3,
     eval_prompts: int = 128,
     gammas: Sequence[int] = (3, 5),
     temperatures: Sequence[float] = (0.0, 1.0),
@@ -258,6 +324,12 @@ def online(
     check). Writes OUTPUT_DIR/online.json (and json_path) and online.md; returns the summary
     (see `online_report.summary`).
 
+    warm: the traffic before the drift ((task, split) or None): its first warm_prompts prompts
+    are served by the frozen draft into the buffer before the stream (recorded, not trained
+    on), so that the buffer, like a serving system's, still holds the older traffic.
+    tail_from_frozen: the tail past the recorded top-k keeps the frozen draft's proportions
+    (`trainer.train_step`'s tail_params): what the recording does not say stays as it was.
+
     The target and draft are Hugging Face or T5X checkpoint directories. serve_*: how the
     stream is served (batch, gamma, temperature); record_top_k: the target's top-k kept per
     token; buffer_max_examples: the buffer's cap; steps_per_chunk, batch_size, loss, optimizer:
@@ -265,19 +337,19 @@ def online(
     timing_repeats: the per-chunk batch-1 timing; eval_prompts, gammas, temperatures: the final
     comparison.
     """
+    arguments = dict(locals())
     _check(chunk_prompts, stream_prompts, steps_per_chunk, record_top_k, seeds, gammas,
            temperatures, {"target": target_checkpoint, "draft": draft_checkpoint})  # fmt: skip
-    sets_asked = [stream, held_out] + ([original] if original else [])
+    sets_asked = [stream, held_out] + ([original] if original else []) + ([warm] if warm else [])
     tokenizer, target, target_params, models, names = open_run(
         "online", output_dir, target_checkpoint, {"draft": draft_checkpoint}, vocabulary,
         sets_asked, vocab_size, None,
     )  # fmt: skip
     (draft, draft_params), lengths = models["draft"], task_feature_lengths
-    bos = tokenizer.prompt_bos
-    (stream_batches,) = prompt_sets([names[0]], lengths, stream_prompts, serve_batch, bos).values()
-    evals = prompt_sets(names[1:], lengths, eval_prompts, 32, bos)
-    labels = ["held_out", "original"][: len(evals)]
-    evals = {label: batches for label, batches in zip(labels, evals.values())}
+    stream_batches, evals, warm_batches = _prompt_sets(
+        names, bool(original), bool(warm), lengths, tokenizer.prompt_bos,
+        (stream_prompts, serve_batch), eval_prompts, warm_prompts,
+    )  # fmt: skip
     num_rows = int(sum(valid_rows(b).sum() for b in stream_batches))
     context = dict(
         serve_batch=serve_batch, serve_gamma=serve_gamma, top_k=record_top_k,
@@ -287,30 +359,25 @@ def online(
         timing_repeats=timing_repeats, buffer_max_examples=buffer_max_examples,
         gammas=tuple(gammas), temperatures=tuple(temperatures),
         vocab_size=vocab_size or target.vocab_size,
+        tail_params=draft_params if tail_from_frozen else None,
         decode=dict(max_new_tokens=lengths["targets"], eos_id=tokenizer.eos_id,
                     vocab_size=vocab_size),
     )  # fmt: skip
     print(f"[online] serving {num_rows} prompts of {stream[0]} ({stream[1]}) in "
           f"{context['num_chunks']} chunks, {steps_per_chunk} steps after each, seeds "
-          f"{list(seeds)}; then {labels}: frozen against adapted", file=sys.stderr)  # fmt: skip
+          f"{list(seeds)}; then {list(evals)}: frozen vs adapted", file=sys.stderr)  # fmt: skip
     chunks, comparisons = [], []
     for seed in seeds:
         context["seed"] = seed
         seed_dir = os.path.join(output_dir, f"seed_{seed}")
-        rows = _stream_rows(stream_batches, stream_prompts, seed)
-        adapted, log = _adapt(seed_dir, target, target_params, draft, draft_params, rows, context)
-        export(draft, adapted, tokenizer, os.path.join(seed_dir, "adapted", "export"))
-        chunks += log
-        comparisons += _compare(target, draft, target_params, draft_params, adapted, evals,
-                                context)  # fmt: skip
-    result = online_report.summary(chunks, comparisons, {
-        "stream": list(stream), "held_out": list(held_out),
-        "original": list(original) if original else None, "seeds": list(seeds),
-        "stream_prompts": num_rows, "chunk_prompts": chunk_prompts,
-        "steps_per_chunk": steps_per_chunk, "serve_gamma": serve_gamma,
-        "serve_temperature": serve_temperature, "record_top_k": record_top_k,
-        "target_checkpoint": target_checkpoint, "draft_checkpoint": draft_checkpoint,
-    })  # fmt: skip
+        rows = {"stream": _stream_rows(stream_batches, stream_prompts, seed)}
+        for batches in warm_batches.values():
+            rows["warm"] = _stream_rows(batches, warm_prompts, seed)
+        log, compared = _seed(seed_dir, target, target_params, draft, draft_params, rows, evals,
+                              tokenizer, context)  # fmt: skip
+        chunks, comparisons = chunks + log, comparisons + compared
+    described = {k: v for k, v in arguments.items() if k in DESCRIBED}
+    result = online_report.summary(chunks, comparisons, {**described, "stream_prompts": num_rows})
     for path in filter(None, (os.path.join(output_dir, RESULT_FILE), json_path)):
         write_json_atomic(path, result)
     online_report.write(output_dir, result)

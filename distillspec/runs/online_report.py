@@ -111,7 +111,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     ]  # fmt: skip
     drop = result["forgetting_alpha_drop"]
     out.append(
-        f"| forgetting: α drop on the original test set | "
+        "| forgetting: α drop on the original test set | "
         + (f"{drop:+.3f} ({result['forgetting_at']})" if drop is not None else "—")
         + f" | ≤ 0.02 | {_mark(met['forgetting_alpha_drop'])} |"
     )

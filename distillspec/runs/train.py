@@ -390,8 +390,8 @@ def _report_end(model_dir: str, started: float) -> None:
 def _train(
     model_dir, task, split, task_feature_lengths, student, student_checkpoint, teacher,
     teacher_checkpoint, teacher_seed, loop, loss, optimizer, mixture, evaluation, teacher_top_k,
-    teacher_cache_dir, served_buffer, mesh_shape, fsdp, vocabulary, vocab_size, max_examples, tfds_data_dir,
-    console, config_text,
+    teacher_cache_dir, served_buffer, mesh_shape, fsdp, vocabulary, vocab_size, max_examples,
+    tfds_data_dir, console, config_text,
 ):  # fmt: skip
     started = time.monotonic()
     _check_run_args(max_examples, loop, mesh_shape)
