@@ -146,6 +146,11 @@ def _rows(path: str) -> int:
         return int(np.shape(data["prompt_lengths"])[0])
 
 
+def count(directory: str) -> int:
+    """Examples the buffer holds (one small array read per chunk, not the chunks)."""
+    return sum(_rows(p) for p in chunks(directory))
+
+
 def records(prompt_tokens, prompt_lengths, result, vocab_size: int) -> dict:
     """The chunk of a recording decoder's call (`DecodeResult` with record_log_probs) on these
     prompts, for `append`."""

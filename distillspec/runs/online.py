@@ -170,7 +170,7 @@ def _warm(seed_dir, target, draft, target_params, draft_params, rows, context) -
                                       context)  # fmt: skip
             served.append(buffer, records, context["buffer_max_examples"])
     open(os.path.join(seed_dir, "warm.done"), "w").close()
-    print(f"[online] seed {context['seed']}: the buffer holds {len(served.read(buffer))} "
+    print(f"[online] seed {context['seed']}: the buffer holds {served.count(buffer)} "
           "examples of the traffic before the drift", file=sys.stderr)  # fmt: skip
     return count
 
@@ -203,7 +203,7 @@ def _adapt(seed_dir, target, target_params, draft, draft_params, rows, context, 
             "alpha": sums["accepted"] / max(sums["drafted"], 1),
             "tau": sums["lengths"] / max(sums["target_calls"], 1),
             **timing, "serve_seconds": serve_seconds, "train_seconds": train_seconds,
-            "teacher_forward_passes": passes, "buffer_examples": len(served.read(buffer)),
+            "teacher_forward_passes": passes, "buffer_examples": served.count(buffer),
         }  # fmt: skip
         append_records(log, [record])
         done.append(record)
