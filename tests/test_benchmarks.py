@@ -52,6 +52,7 @@ def test_measure_reports_the_in_context_cost_model():
     # pair stay clear of noise under a second test process.)
     record = bench.measure(pair, gamma=2, batch=2, max_new_tokens=32, prompts=prompts, repeats=3)
     assert record["dtype"] == "float32" and record["exact_greedy"] and record["speedup"] > 0
+    assert record["untimed"] == []
     missing = [key for key in NEW_KEYS if key not in record]
     assert not missing, missing
     assert all(math.isfinite(record[key]) for key in NEW_KEYS)
@@ -69,6 +70,15 @@ def test_measure_reports_the_in_context_cost_model():
         # tiny pair a per-call difference below 0, as the interval then says.)
         low, high = record[f"{key}_interval"]
         assert math.isfinite(low) and math.isfinite(high) and low <= high, (key, low, high)
+
+
+def test_until_timed_measures_again_while_a_cost_is_untimed():
+    results = iter([{"ms": -0.1}, {"ms": 0.0}, {"ms": 2.0}, {"ms": 3.0}])
+    untimed = lambda r: ["ms"] if r["ms"] <= 0 else []
+    assert timing.until_timed(lambda: next(results), untimed) == ({"ms": 2.0}, [])
+    results = iter([{"ms": -1.0}] * 3 + [{"ms": 1.0}])
+    assert timing.until_timed(lambda: next(results), untimed) == ({"ms": -1.0}, ["ms"])
+    assert next(results) == {"ms": 1.0}  # Three attempts in all, then it stops.
 
 
 def test_repeats_interval_resamples_whole_repeats():

@@ -64,6 +64,7 @@ from distillspec.evaluation.timing import (
     megabytes,
     program_key,
     repeats_interval,
+    until_timed,
 )
 from distillspec.lookahead import SOURCES, verify_widths
 from distillspec.records import policy_list
@@ -311,15 +312,17 @@ def main(argv=None) -> dict:
     if args.write_profile:
         every = [*grid.values(), *fixed.values()]
         widths = sorted({w for p in every for w in verify_widths(p)} | {1})
-        for _ in range(3):  # A loaded machine can time a call at <= 0: measure again.
-            written = cost_profiles.measure_profile(
+        written, untimed = until_timed(
+            lambda: cost_profiles.measure_profile(
                 target, target_params, draft, draft_params, *test[0], widths,
                 args.max_new_tokens, draft_widths=(1, 2),
-            )  # fmt: skip
-            if not cost_profiles.untimed(written):
-                return emit({**written, **about}, args.write_profile)
-        parser.error(f"these calls timed <= 0 three times (a busy machine): "
-                     f"{cost_profiles.untimed(written)}; measure on a quiet machine")  # fmt: skip
+            ),
+            cost_profiles.untimed,
+        )  # fmt: skip
+        if not untimed:
+            return emit({**written, **about}, args.write_profile)
+        parser.error(f"these calls timed <= 0 three times (a busy machine): {untimed}; "
+                     "measure on a quiet machine")  # fmt: skip
     examples = extract_features(
         target, target_params, draft, draft_params, list(_batches(train, 32)), **common
     )

@@ -5,6 +5,7 @@ so that a slower stretch of a shared machine hits them alike, compilation is exc
 are on the host before the clock is read (the decoders return host arrays), and medians count.
 
   interleaved         runs {name: fn} in turn `repeats` times; per-name results and seconds.
+  until_timed         a measurement again, up to 3 times, while a busy machine timed a cost <= 0.
   repeats_interval    a bootstrap interval of figures computed from interleaved repeats.
   interleaved_items   the same over a list of inputs (prompt batches, batch-1 prompts): one
                       untimed warm-up per compiled shape, then per-input medians, summed.
@@ -56,6 +57,19 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def until_timed(measure: Callable[[], Any], untimed: Callable[[Any], list[str]],
+                attempts: int = 3) -> tuple[Any, list[str]]:  # fmt: skip
+    """measure() again, up to `attempts` times in all, while untimed(result) names costs that
+    came out <= 0 (a per-call difference of two timers under a busy machine's noise): the last
+    result and the names it left untimed (empty when timed), for the caller to refuse."""
+    for _ in range(attempts):
+        result = measure()
+        missing = untimed(result)
+        if not missing:
+            break
+    return result, missing
 
 
 def interleaved(

@@ -34,6 +34,7 @@ import numpy as np
 from distillspec import checkpoints, metrics, tasks
 from distillspec.evaluation import planning
 from distillspec.evaluation.drafts import mean_tvd, plain_call
+from distillspec.evaluation.timing import until_timed
 from distillspec.models import load_checkpoint
 from distillspec.models.base import for_decoding
 from distillspec.models.drafts import DraftSpec
@@ -250,12 +251,9 @@ def _costs(profile, target, target_params, drafts, batch, gammas, max_new_tokens
         flush=True,
     )
     prompt = (np.asarray(batch["prompt_tokens"])[:1], np.asarray(batch["prompt_lengths"])[:1])
-    for _ in range(3):  # A loaded machine can time a call at <= 0: measure again.
-        costs = planning.measure_plan_profile(target, target_params, drafts, prompt, gammas,
-                                              max_new_tokens, repeats)  # fmt: skip
-        if not planning.untimed(costs):
-            break
-    return costs
+    measure = lambda: planning.measure_plan_profile(target, target_params, drafts, prompt,
+                                                    gammas, max_new_tokens, repeats)  # fmt: skip
+    return until_timed(measure, planning.untimed)[0]  # The caller refuses what stays untimed.
 
 
 def _priced(candidate, costs, gammas) -> dict[str, Any]:
