@@ -33,21 +33,22 @@ def fixed_round_tokens(policy: Lookahead | None, drafts: Sequence[int] = (0,)) -
 
 
 def fixed_round_decoder(target, draft, policy: Lookahead | None, room: int, vocab_size=None,
-                        schedule_length: int = 2):  # fmt: skip
-    """The greedy decoder (policy None and draft None: plain) timing rounds: fn(target_params,
-    draft_params, prompt_tokens, prompt_lengths, num_rounds, classifier=None, drafts=(0,)) ->
-    {'lengths', 'draft_calls', 'width_switches', 'sl_histogram'} per row; one program for any
-    num_rounds and drafts. No row finishes (no EOS; num_rounds x `fixed_round_tokens` within
-    room, the caches' room). Confidence, DISCO, the cumulative rule and the oracle are held to
-    one draft call per round (a threshold no estimate passes, a reference no draft matches).
-    drafts (dynamic policies; len dividing schedule_length): round r proposes drafts[r % len]
-    drafts in [1, sl_max] (0: held). Only the stopping rule's verdict is replaced (its work
-    still runs).
+                        schedule_length: int = 2, sampling=None):  # fmt: skip
+    """The decoder (greedy unless `sampling`, a SamplingConfig, key 0; policy None and draft None:
+    plain) timing rounds: fn(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,
+    classifier=None, drafts=(0,)) -> {'lengths', 'draft_calls', 'width_switches', 'sl_histogram'}
+    per row; one program for any num_rounds and drafts. No row finishes (no EOS; num_rounds x
+    `fixed_round_tokens` within room, the caches' room). Confidence, DISCO, the cumulative rule and
+    the oracle are held to one draft call per round (a threshold no estimate passes, a reference no
+    draft matches). drafts (dynamic policies; len dividing schedule_length): round r proposes
+    drafts[r % len] drafts in [1, sl_max] (0: held). Only the stopping rule's verdict is replaced
+    (its work still runs).
     """
     dynamic = policy is not None and policy.kind != "static"
     gamma = policy.sl_max if policy else 0
     vocab = checks.shared_vocab_size(target, draft, vocab_size)
-    spec = _Spec(gamma, policy and policy.static_part, room, SamplingConfig(), None, None, vocab)
+    sampling = sampling or SamplingConfig()
+    spec = _Spec(gamma, policy and policy.static_part, room, sampling, None, None, vocab)
 
     @jax.jit
     def program(target_params, draft_params, prompt_tokens, prompt_lengths, num_rounds,

@@ -185,6 +185,13 @@ def test_fixed_round_decoder_runs_exactly_the_rounds_asked_for(pair):
     assert (other["lengths"] >= 6).all() and (other["lengths"] <= 24).all()
     assert (other["lengths"] < 24).any()
     np.testing.assert_array_equal(other["sl_histogram"][:, 3], 6)
+    # Sampled rounds (a plan serving at T = 1 is priced with them): the target as its own draft
+    # accepts every draft, the other one 1 to 4 tokens per round, in exactly 6 rounds.
+    for the_draft, full in ((target, True), (draft, False)):
+        run = fixed_round_decoder(target, the_draft, static, 24, sampling=SAMPLE)
+        out = run(None, None, prompts, lengths, 6)
+        assert (out["lengths"] == 24).all() if full else (out["lengths"] >= 6).all()
+        np.testing.assert_array_equal(out["sl_histogram"][:, 3], 6)
     for kind in ("confidence", "cumulative", "oracle", "heuristic"):
         policy = Lookahead(kind, 8, source="draft" if kind == "cumulative" else None)
         run = fixed_round_decoder(target, target, policy, room=20)  # One program.

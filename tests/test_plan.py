@@ -151,7 +151,12 @@ def test_profile_round_trip_and_its_errors(tmp_path, target_dir):
     assert result["candidates"]["fresh-1x32"]["c"] == pytest.approx(c)
     assert "even accepting every draft" in result["candidates"]["fresh-1x16"]["never_wins"]
     assert result["order"][-1] == "fresh-1x16" and result["choice"] != "fresh-1x16"
-    # Refused: a profile of another pair's candidates, and one without any (disco's format).
+    # Refused: a profile timed greedy for a plan that samples, one of another pair's
+    # candidates, and one without any (disco's format).
+    assert raw["temperature"] == 1.0  # The plan's default: its rounds sampled.
+    path.write_text(json.dumps({**raw, "temperature": 0.0}))
+    with pytest.raises(ValueError, match="timed its rounds at temperature 0.0, the plan serves"):
+        _run(["--profile", str(path), *_flags(target_dir, out, "--gin.PILOT_STEPS=0")])
     del raw["candidates"]["target-layers-1"]
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match=r"no costs for candidates \['target-layers-1'\]"):

@@ -34,6 +34,7 @@ from distillspec.evaluation import costs, timing
 from distillspec.evaluation.drafts import tau_from_alpha
 from distillspec.models import load_checkpoint
 from distillspec.models.drafts import DraftSpec, make_draft, num_params
+from distillspec.sampling import SamplingConfig
 
 SPEEDUPS = (1.0, 1.5, 2.0)  # The S* whose needed alpha a plan lists.
 ESTIMATES = ("held_out", "proxy")  # A pilot's acceptance estimates (`pilot_alphas`).
@@ -113,9 +114,10 @@ def build(candidate: Candidate, target, target_params, seed: int = 0) -> tuple[A
 
 def measure_plan_profile(
     target, target_params, drafts: Mapping[str, tuple[Any, Any]], prompt, gammas: Sequence[int],
-    max_new_tokens: int, repeats: int = costs.REPEATS,
+    max_new_tokens: int, repeats: int = costs.REPEATS, temperature: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
-    """The plan's cost profile at batch 1 on prompt (tokens [1, P], lengths [1]): the
+    """The plan's cost profile at batch 1 on prompt (tokens [1, P], lengths [1]) for serving at
+    `temperature` (its rounds and steps sample above 0, which costs more per call): the
     `costs.measure_profiles` calls (target widths 1..max(gammas)+1, draft widths 1, 2) plus,
     timed interleaved `repeats` times (medians), the decoder's own loop: 'plain_ms' {'step',
     'outside'} and per draft 'round_ms' / 'outside_ms' by gamma (a static round; a run's
@@ -131,8 +133,9 @@ def measure_plan_profile(
         for gamma in timed:
             loops[name, gamma] = (target, target_params, draft, draft_params,
                                   sl.Lookahead("static", gamma))  # fmt: skip
+    sampling = SamplingConfig(temperature=temperature)
     loop_timer = lambda t, tp, d, dp, policy: timing.decoder_round_timers(
-        t, tp, d, dp, tokens, lengths, policy, max_new_tokens
+        t, tp, d, dp, tokens, lengths, policy, max_new_tokens, sampling=sampling
     )[0][0]
     timers = {key: loop_timer(*loop) for key, loop in loops.items()}
     runs = timing.interleaved(timers, repeats)[0]  # (per round, outside) per repeat.
@@ -145,6 +148,7 @@ def measure_plan_profile(
         "draft_ms": calls[first]["draft_ms"],
         "plain_ms": {"step": positive(ms["plain", 0][0]), "outside": ms["plain", 0][1]},
         "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
         "candidates": {
             name: {
                 "params": num_params(draft),
@@ -204,11 +208,21 @@ def load_plan_profile(path: str) -> dict[str, Any]:
     plain = raw.get("plain_ms") or {}
     profile["plain_ms"] = {"step": plain.get("step"), "outside": plain.get("outside", 0.0)}
     profile["max_new_tokens"] = raw.get("max_new_tokens")
+    profile["temperature"] = raw.get("temperature")
     return profile
 
 
-def check_profile_covers(profile: Mapping[str, Any], names: Sequence[str], gammas) -> None:
-    """ValueError unless the profile prices every candidate name at widths up to max gamma + 1."""
+def check_profile_covers(profile: Mapping[str, Any], names: Sequence[str], gammas,
+                         temperature: float | None = None) -> None:  # fmt: skip
+    """ValueError unless the profile prices every candidate name at widths up to max gamma + 1
+    (and, given a temperature, its rounds were timed greedy or sampling as that serves)."""
+    timed_at = profile.get("temperature")
+    if temperature is not None and timed_at is not None and (timed_at > 0) != (temperature > 0):
+        raise ValueError(
+            f"the cost profile timed its rounds at temperature {timed_at}, the plan serves at "
+            f"{temperature}: a sampled round costs more than a greedy one; measure it with the "
+            "same plan.temperature"
+        )
     missing = [n for n in names if n not in profile["candidates"]]
     if missing:
         raise ValueError(

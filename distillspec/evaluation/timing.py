@@ -301,15 +301,15 @@ def _verify_width(policy: sl.Lookahead | None, drafts: int) -> int:
 def decoder_round_timers(target, target_params, draft, draft_params, prompts, lengths,
                          policy: sl.Lookahead | None, max_new_tokens: int | None = None,
                          classifier=None, schedules: Sequence[tuple[int, ...]] = ((0,),),
-                         vocab_size: int | None = None):  # fmt: skip
-    """The decoder's own loop (`fixed_rounds.fixed_round_decoder`, greedy; policy None and draft
-    None: plain), one compiled program, timed per schedule of round sizes (a dynamic policy's,
-    `fixed_round_decoder`'s drafts; (0,): its own rule, held). Per schedule: a zero-argument
-    timer of (seconds per round, seconds per run outside its rounds: prefill, dispatch,
-    output), compiled before it is returned; and what one round does: {'draft_calls': draft
-    calls, 'verify': {width: target calls}, 'switches': verify-width switches} (the busiest
-    row's). The caches are as long as a run of max_new_tokens has (every schedule's rounds
-    within them).
+                         vocab_size: int | None = None, sampling=None):  # fmt: skip
+    """The decoder's own loop (`fixed_rounds.fixed_round_decoder`, greedy unless `sampling`; policy
+    None and draft None: plain), one compiled program, timed per schedule of round sizes (a dynamic
+    policy's, `fixed_round_decoder`'s drafts; (0,): its own rule, held). Per schedule: a
+    zero-argument timer of (seconds per round, seconds per run outside its rounds: prefill,
+    dispatch, output), compiled before it is returned; and what one round does: {'draft_calls':
+    draft calls, 'verify': {width: target calls}, 'switches': verify-width switches} (the busiest
+    row's). The caches are as long as a run of max_new_tokens has (every schedule's rounds within
+    them).
 
     Minus its rounds' model calls (a `round_timer`, a target `step_timer` per width), the first
     leaves the loop's own work per round: what a round spends outside its model calls."""
@@ -317,7 +317,7 @@ def decoder_round_timers(target, target_params, draft, draft_params, prompts, le
     room = max([max_new_tokens or 0] + [n * fixed_round_tokens(policy, s)
                                         for n, s in zip(rounds, schedules)])  # fmt: skip
     run = fixed_round_decoder(target, draft, policy, room, vocab_size,
-                              math.lcm(*(len(s) for s in schedules)))  # fmt: skip
+                              math.lcm(*(len(s) for s in schedules)), sampling)  # fmt: skip
 
     def timed(n, drafts):
         call = functools.partial(run, target_params, draft_params, prompts, lengths,

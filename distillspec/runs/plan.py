@@ -136,7 +136,7 @@ def plan(
     decoding = lambda pair: for_decoding(*pair, "float32")
     target, target_params = decoding((target, target_params))
     costs = _costs(profile, target, target_params, {n: decoding(p) for n, p in drafts.items()},
-                   batches[0], gammas, lengths["targets"], timing_repeats)  # fmt: skip
+                   batches[0], gammas, lengths["targets"], timing_repeats, temperature)  # fmt: skip
     if measure_profile:
         untimed = planning.untimed(costs)
         if untimed:
@@ -237,12 +237,13 @@ def _spec_name(spec: DraftSpec) -> str:
     return f"fresh-{spec.num_layers or 'auto'}x{spec.embed_dim or 'auto'}"
 
 
-def _costs(profile, target, target_params, drafts, batch, gammas, max_new_tokens, repeats):
+def _costs(profile, target, target_params, drafts, batch, gammas, max_new_tokens, repeats,
+           temperature):  # fmt: skip
     """The plan's profile: read from `profile` (checked against the candidates), else measured
     here on the first held-out prompt (again, up to 3 times, while a cost times <= 0)."""
     if profile:
         costs = planning.load_plan_profile(profile)
-        planning.check_profile_covers(costs, list(drafts), gammas)
+        planning.check_profile_covers(costs, list(drafts), gammas, temperature)
         return costs
     print(
         f"[plan] timing {len(drafts)} candidates at batch 1 with random weights "
@@ -251,8 +252,9 @@ def _costs(profile, target, target_params, drafts, batch, gammas, max_new_tokens
         flush=True,
     )
     prompt = (np.asarray(batch["prompt_tokens"])[:1], np.asarray(batch["prompt_lengths"])[:1])
-    measure = lambda: planning.measure_plan_profile(target, target_params, drafts, prompt,
-                                                    gammas, max_new_tokens, repeats)  # fmt: skip
+    measure = lambda: planning.measure_plan_profile(
+        target, target_params, drafts, prompt, gammas, max_new_tokens, repeats, temperature
+    )
     return until_timed(measure, planning.untimed)[0]  # The caller refuses what stays untimed.
 
 
