@@ -7,7 +7,7 @@ SentencePiece logs "precompiled_charsmap is empty" each time a model loads. None
 the run. `quiet_startup` silences them unless the command line says --verbose; it must run
 before anything imports TensorFlow, so the entry modules call it first.
 
-It also restarts an entry point (`python -m distillspec.<run>`, `python scripts/<name>.py`)
+It also restarts an entry point (`python -m distillspec.<run>`, `python scripts/versus_trl.py`)
 once, before those imports, with glibc's malloc asked to back the C heap with transparent huge
 pages (`huge_pages_environment`): XLA:CPU allocates each program's buffers afresh per call, and
 on a kernel whose huge pages are opt-in (`madvise`, the common default) every call then faults

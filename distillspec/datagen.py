@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec.decoding import generate_on_device
-from distillspec.sampling import SamplingConfig
+from distillspec.decoding.sampling import SamplingConfig
 
 DATASET, STUDENT, TEACHER, SERVED = 0, 1, 2, 3
 SOURCE_NAMES = ("dataset", "student", "teacher", "served")

@@ -27,10 +27,10 @@ from typing import Any
 import gin
 
 from distillspec import console, datagen, distributed, tasks, trainer
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
 from distillspec.models.drafts import DraftSpec
 from distillspec.runs import disco, evaluate, online, plan, quickstart, train
-from distillspec.sampling import SamplingConfig
 from distillspec.study import pipeline
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -73,7 +73,7 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
     gin.external_configurable(DraftSpec, module="distillspec.models")
     for cls in (tasks.FileTask, tasks.TfdsTaskSpec):
         gin.external_configurable(cls, module="distillspec.tasks")
-    gin.external_configurable(SamplingConfig, module="distillspec.sampling")
+    gin.external_configurable(SamplingConfig, module="distillspec.decoding")
     return runs
 
 

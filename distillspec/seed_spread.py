@@ -1,6 +1,6 @@
 """The main job's Table C.1 over training seeds: mean and spread of each figure, and whether the
-distilled draft's tau gain exceeds its spread (`python -m distillspec.report --seeds`,
-scripts/seed_spread.py). Like `tables`, no JAX."""
+distilled draft's tau gain exceeds its spread (`python -m distillspec.report --seeds`).
+Like `tables`, no JAX."""
 
 from __future__ import annotations
 

@@ -32,8 +32,8 @@ from distillspec import (
     teacher_cache,
 )
 from distillspec.decoding import speculative_generate
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.feature_converters import decodable, valid_rows
-from distillspec.sampling import SamplingConfig
 
 DIVERGENCES = losses.KINDS + ("ce",)
 OPTIMIZERS = ("adafactor", "adamw")

@@ -343,27 +343,23 @@ def test_train_step_benchmark_names_the_flags_when_the_quickstart_pair_is_missin
     assert "--teacher" in str(e.value) and "--student" in str(e.value) and "--tiny" in str(e.value)
 
 
-def test_sampler_cost_script_times_every_draw():
-    import runpy
+def test_sampler_cost_benchmark_times_every_draw():
+    from distillspec.benchmarks import sampler_cost
 
-    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "sampler_cost.py"))
     # 5000 draws of ~2 us: a difference of 10 ms, clear of a second test process's noise (200
     # draws, timed once, came out < 0 under it).
-    record = script["main"](["--vocab", "16", "--repeats", "3", "--steps", "5000"])
+    record = sampler_cost.main(["--vocab", "16", "--repeats", "3", "--steps", "5000"])
     for key in ("gumbel_max_us", "sampler_us", "argmax_us", "gumbel_over_sampler"):
         assert math.isfinite(record[key]) and record[key] > 0, (key, record)
 
 
-def test_profile_script_puts_each_op_in_a_category():
-    import runpy
+def test_profile_train_step_puts_each_op_in_a_category():
+    from distillspec.benchmarks import profile_train_step as script
 
-    import jax
-
-    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "profile_train_step.py"))
     a, b = jnp.ones((64, 32)), jnp.ones((32, 48))
     hlo = jax.jit(lambda a, b: jnp.tanh(a @ b).T * 2.0).lower(a, b).compile().as_text()
-    kinds = script["categories"](hlo)
-    assert kinds and {category for category, _ in kinds.values()} <= set(script["CATEGORIES"])
+    kinds = script.categories(hlo)
+    assert kinds and {category for category, _ in kinds.values()} <= set(script.CATEGORIES)
     assert "matmul" in {category for category, _ in kinds.values()}
 
 

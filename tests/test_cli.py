@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pathlib
 
 import gin
 import pytest
@@ -210,12 +209,11 @@ def test_speculative_benchmark_on_your_own_checkpoints(tiny_quickstart, tmp_path
     assert "target " in record["pair"] and record["prompt_length"] == 16
 
 
-def test_round_profile_script_on_your_own_checkpoints(tiny_quickstart):
-    import runpy
+def test_round_profile_on_your_own_checkpoints(tiny_quickstart):
+    from distillspec.benchmarks import profile_round
 
     exports = tiny_quickstart[0]
-    script = runpy.run_path(str(pathlib.Path(__file__).parents[1] / "scripts" / "profile_round.py"))
-    records = script["main"]([
+    records = profile_round.main([
         "--target", str(exports / "target" / "export"), "--draft",
         str(exports / "distilled" / "export"), "--vocabulary", "byte", "--gamma", "2",
         "--max_new_tokens", "32", "--prompt_length", "16", "--repeats", "3",
@@ -232,12 +230,11 @@ def test_round_profile_script_on_your_own_checkpoints(tiny_quickstart):
                                                      abs=1e-3)  # fmt: skip
 
 
-def test_policy_latency_script_on_your_own_checkpoints(tiny_quickstart):
-    import runpy
+def test_policy_latency_on_your_own_checkpoints(tiny_quickstart):
+    from distillspec.benchmarks import policy_latency
 
     exports = tiny_quickstart[0]
-    path = pathlib.Path(__file__).parents[1] / "scripts" / "policy_latency.py"
-    out = runpy.run_path(str(path))["main"]([
+    out = policy_latency.main([
         "--target", str(exports / "target" / "export"), "--draft",
         str(exports / "distilled" / "export"), "--vocabulary", "byte", "--prompts", "2",
         "--max_new_tokens", "8", "--prompt_length", "16", "--repeats", "1",

@@ -14,8 +14,8 @@ import gin
 import pytest
 
 from distillspec import datagen, gin_setup, trainer
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.models import T5Config, TransformerConfig
-from distillspec.sampling import SamplingConfig
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 GIN_FILES = sorted(CONFIGS.rglob("*.gin"))

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from distillspec.benchmarks.disco import modeled_sweep, prompt_intervals
+from distillspec.decoding.lookahead import Lookahead
 from distillspec.disco.tuning import choose, tuning_grid
 from distillspec.evaluation.costs import load_profile, profile_costs, synthetic_profile
 from distillspec.evaluation.policies import priced
-from distillspec.lookahead import Lookahead
 
 
 def counts(histogram, tokens, draft_calls=None, runs=1, switches=0):

@@ -10,10 +10,10 @@ import pytest
 from scipy import stats
 
 from distillspec.decoding import generate, speculative_generate
-from distillspec.fixed_rounds import fixed_round_decoder
-from distillspec.lookahead import Lookahead
-from distillspec.sampling import SamplingConfig, logits_to_probs, sample_categorical
-from distillspec.speculative import Lenience
+from distillspec.decoding.acceptance import Lenience
+from distillspec.decoding.fixed_rounds import fixed_round_decoder
+from distillspec.decoding.lookahead import Lookahead
+from distillspec.decoding.sampling import SamplingConfig, logits_to_probs, sample_categorical
 from tests.test_utils import TRACE_COUNTS, MarkovStub, markov_pair, ragged_prompts
 
 SAMPLE = SamplingConfig(temperature=1.0)
@@ -86,9 +86,9 @@ def test_recording_changes_no_output_and_keeps_the_targets_top_k(
     draw the same numbers), and at each generated token the target's exact top-k
     log-probabilities of its raw distribution (before temperature / top-k), with their ids;
     both ways of recording (raw logits and one top-k after the loop, or a top-k per round)."""
-    import distillspec.decoding
+    import distillspec.decoding.loop
 
-    monkeypatch.setattr(distillspec.decoding, "RECORD_LOGITS_BYTES", 2**30 if late else 0)
+    monkeypatch.setattr(distillspec.decoding.loop, "RECORD_LOGITS_BYTES", 2**30 if late else 0)
     target, draft = pair
     prompts, lengths = ragged_prompts(4, 5, target.vocab_size, seed=3)
     call = functools.partial(

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from distillspec.decoding import generate, speculative_generate
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
 from distillspec.models.base import for_decoding
-from distillspec.sampling import SamplingConfig
 from tests.test_utils import ragged_prompts
 
 VOCAB = 48
@@ -97,7 +97,7 @@ def test_sampling_runs_and_draft_equal_target_accepts_all(name, dtype):
 
 @pytest.mark.parametrize("name", ["llama", "t5"])
 def test_dynamic_lookahead_keeps_greedy_output_exact(name):
-    from distillspec.lookahead import Lookahead
+    from distillspec.decoding.lookahead import Lookahead
     from tests.test_lookahead import random_classifier
 
     model, params, draft_params = _family(name)

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec import gin_setup, lookahead
-from distillspec.decoding import generate
+from distillspec import gin_setup
+from distillspec.decoding import generate, lookahead
+from distillspec.decoding.lookahead import Lookahead
 from distillspec.disco import classifier, storage
 from distillspec.disco import features as disco_features
 from distillspec.evaluation.policies import resolve_policies
-from distillspec.lookahead import Lookahead
 from distillspec.models.t5 import T5LM, T5Config
 from distillspec.runs.disco import disco as run_disco
 from distillspec.runs.evaluate import evaluate as run_evaluate

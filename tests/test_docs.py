@@ -337,6 +337,6 @@ def test_a_correct_page_has_no_problems(tmp_path):
         "--gin.distill/LoopConfig.train_steps=400\n"
         'python -m distillspec.evaluate --gin_file=runs/evaluate.gin --gin.OUTPUT_DIR=\\"x\\"\n'
         "python -m distillspec.benchmarks.disco --json out.json\n```\n\n"
-        "```python\nimport distillspec.speculative\n```\n"
+        "```python\nimport distillspec.decoding.acceptance\n```\n"
     )
     assert page_problems(page) == []

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from distillspec import datagen, records
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.evaluation import drafts as evaluation
 from distillspec.evaluation import timing
 from distillspec.evaluation.drafts import GridConfig
@@ -24,7 +25,6 @@ from distillspec.evaluation.policies import (
 from distillspec.feature_converters import single_prompts
 from distillspec.models.decoder_only import DecoderOnlyLM, TransformerConfig
 from distillspec.models.t5 import T5LM, T5Config
-from distillspec.sampling import SamplingConfig
 from tests.test_utils import perturbed, ragged_prompts, tiny_lm
 
 VOCAB = 32
@@ -376,7 +376,7 @@ def test_all_rows_invalid_is_an_error(setup):
 
 
 def test_policy_latency_records(setup):
-    from distillspec.lookahead import Lookahead
+    from distillspec.decoding.lookahead import Lookahead
 
     model, params, prompts, drafts, _ = setup
     singles = single_prompts(prompts)
@@ -415,7 +415,7 @@ def test_policy_latency_records(setup):
 
 
 def test_modeled_latency_by_hand():
-    from distillspec.lookahead import Lookahead
+    from distillspec.decoding.lookahead import Lookahead
 
     costs = {
         "target": {1: 1.0, 2: 1.5, 4: 2.5, 6: 3.5},
@@ -463,7 +463,7 @@ def test_evaluate_run_rejects_a_bad_dtype_before_loading(tmp_path):
 
 
 def test_call_cost_timers_decode_over_the_vocabulary_differently_padded_models_share():
-    from distillspec.lookahead import Lookahead
+    from distillspec.decoding.lookahead import Lookahead
 
     target, params = tiny_lm(32)
     draft, draft_params = tiny_lm(36)  # The same tokenizer, an embedding padded further.
@@ -488,7 +488,7 @@ def test_call_cost_timers_decode_over_the_vocabulary_differently_padded_models_s
 
 
 def test_call_costs_price_the_draft_in_the_loops_context_and_every_policys_own_loop():
-    from distillspec.lookahead import Lookahead
+    from distillspec.decoding.lookahead import Lookahead
 
     target, params = tiny_lm(32)
     draft_params = perturbed(params, 0.05, seed=1)
@@ -594,7 +594,7 @@ def test_call_costs_from_interleaved_seconds_by_hand():
 
 
 def test_dynamic_rounds_are_priced_at_their_timed_cost_when_their_calls_priced_apart_cost_more():
-    from distillspec.lookahead import Lookahead
+    from distillspec.decoding.lookahead import Lookahead
 
     gamma = 4
     seconds = {

@@ -121,6 +121,17 @@ def test_the_checks_catch_a_planted_cycle_and_upward_import():
     assert _layer("disco.__main__") == "top" and _layer("evaluation.timing") == "evaluation"
 
 
+def test_the_decoder_is_one_package():
+    """The loop, acceptance, lookahead policies and sampling live in distillspec/decoding/ (the
+    package re-exports the public API); no top-level module holds or re-exports a part."""
+    parts = ("loop", "acceptance", "lookahead", "sampling", "fixed_rounds")
+    assert {f"decoding.{part}" for part in parts} <= set(MODULES)
+    assert not {"speculative", *parts} & set(MODULES), "a decoder part outside decoding/"
+    within = lambda n: n.startswith("decoding")
+    # Inside the package, parts import each other, never the package's re-exports.
+    assert not any("decoding" in GRAPH[n] for n in MODULES if within(n)), GRAPH["decoding"]
+
+
 def test_size_budgets():
     long_modules = [
         f"{n}: {len(p.read_text().splitlines())} lines"

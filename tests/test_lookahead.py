@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from distillspec.decoding import generate, speculative_generate
-from distillspec.lookahead import (
+from distillspec.decoding.lookahead import (
     Lookahead,
     StopClassifier,
     classifier_confidence,
@@ -17,7 +17,7 @@ from distillspec.lookahead import (
     num_features,
     verify_widths,
 )
-from distillspec.sampling import SamplingConfig
+from distillspec.decoding.sampling import SamplingConfig
 from tests.test_decoding import _chi2_pvalue, _exact_joint, _joint_counts
 from tests.test_utils import TRACE_COUNTS, WritingMarkovStub, markov_pair, ragged_prompts
 

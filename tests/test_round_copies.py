@@ -16,7 +16,7 @@ from distillspec.benchmarks.rounds import (
     round_copies,
     round_timers,
 )
-from distillspec.lookahead import KINDS, Lookahead
+from distillspec.decoding.lookahead import KINDS, Lookahead
 from distillspec.models import DecoderOnlyLM, TransformerConfig
 from tests.test_lookahead import random_classifier
 

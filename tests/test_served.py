@@ -14,7 +14,7 @@ import pytest
 
 from distillspec import datagen, metrics, served, trainer
 from distillspec.decoding import speculative_generate
-from distillspec.sampling import SamplingConfig
+from distillspec.decoding.sampling import SamplingConfig
 from tests.test_utils import markov_pair, ragged_prompts, tiny_lm
 
 V = 16

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from distillspec.sampling import SamplingConfig, logits_to_probs
-from distillspec.speculative import (
+from distillspec.decoding.acceptance import (
     Lenience,
     accept_greedy,
     accept_or_resample,
     acceptance_probability,
 )
+from distillspec.decoding.sampling import SamplingConfig, logits_to_probs
 
 P = np.array([0.5, 0.25, 0.15, 0.10])
 Q = np.array([0.3, 0.4, 0.2, 0.1])

@@ -49,6 +49,7 @@ from distillspec.benchmarks.padded_target import (
     trained_pair,
 )
 from distillspec.benchmarks.speculative import TARGET, reference_pair
+from distillspec.decoding.lookahead import SOURCES, verify_widths
 from distillspec.disco.classifier import best_static_sl, classifier_f1, train_classifier
 from distillspec.disco.features import extract_features
 from distillspec.disco.tuning import (
@@ -66,7 +67,6 @@ from distillspec.evaluation.timing import (
     repeats_interval,
     until_timed,
 )
-from distillspec.lookahead import SOURCES, verify_widths
 from distillspec.records import policy_list
 
 

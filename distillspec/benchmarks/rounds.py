@@ -71,7 +71,7 @@ def decoder_buffers(target, target_params, draft, draft_params, prompt, sl_max: 
     """{'target cache', 'draft cache', 'target params', 'draft params': shapes} of a
     speculative decoding run of this prompt ([1, P], [1]) with sl_max drafts at most."""
     tokens, lengths = prompt
-    length = tokens.shape[1] + max_new_tokens + sl_max + 1  # As `decoding._decode` sizes it.
+    length = tokens.shape[1] + max_new_tokens + sl_max + 1  # As `decoding.loop._decode` sizes it.
     out = {}
     for name, model, params in (("target", target, target_params), ("draft", draft, draft_params)):
         cache = jax.eval_shape(lambda p, m=model: m.prefill(p, tokens, lengths, length)[0], params)
@@ -129,8 +129,8 @@ def round_timers(target, target_params, draft, draft_params, prompt, policies, d
     width switch every round), and with compare the same two on `WritingInBranches(target)`
     ('<name>/writing', '<name>/1,<d>/writing'). A dynamic round minus static-<d>'s (or the
     mean of static-1 and static-<d> for the alternating one) is its own work above static's."""
+    from distillspec.decoding.lookahead import Lookahead
     from distillspec.evaluation.timing import decoder_round_timers
-    from distillspec.lookahead import Lookahead
 
     tokens, lengths = prompt
     timers = {}
@@ -178,8 +178,8 @@ def build_parser():
 
 def main(argv=None) -> dict:
     from distillspec.benchmarks.disco import _pair_and_prompts
+    from distillspec.decoding.lookahead import Lookahead, StopClassifier, num_features
     from distillspec.evaluation.timing import interleaved, repeats_interval
-    from distillspec.lookahead import Lookahead, StopClassifier, num_features
 
     args = build_parser().parse_args(argv)
     if not 1 <= args.drafts <= min(args.sl_max, 8):

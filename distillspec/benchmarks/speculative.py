@@ -75,6 +75,7 @@ import numpy as np
 from distillspec import console
 from distillspec.benchmarks import emit
 from distillspec.decoding import DecodeResult, generate, speculative_generate
+from distillspec.decoding.lookahead import Lookahead
 from distillspec.evaluation.timing import (
     call_cost_timers,
     call_costs,
@@ -85,7 +86,6 @@ from distillspec.evaluation.timing import (
     repeats_interval,
     until_timed,
 )
-from distillspec.lookahead import Lookahead
 from distillspec.models import DecoderOnlyLM, TransformerConfig
 from distillspec.models.base import DECODE_DTYPES, decode_cache_dtype, for_decoding
 

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from distillspec import checks, lookahead
+from distillspec import checks
+from distillspec.decoding import lookahead
 from distillspec.disco.features import Examples
 
 _STEPS_PER_CALL = 250  # Training steps per jitted lax.scan call.

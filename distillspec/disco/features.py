@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from distillspec import checks, datagen, lookahead
+from distillspec import checks, datagen
 from distillspec.checks import shared_vocab_size
-from distillspec.decoding import generate
+from distillspec.decoding import generate, lookahead
 from distillspec.evaluation.drafts import check_same_family
 from distillspec.feature_converters import decodable, valid_rows
 from distillspec.models.base import ScoringModel

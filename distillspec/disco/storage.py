@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec import lookahead
+from distillspec.decoding import lookahead
 from distillspec.records import write_atomic, write_text_atomic
 
 WEIGHTS_FILE = "classifier.safetensors"

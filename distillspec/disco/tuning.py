@@ -12,7 +12,8 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from distillspec import checks, lookahead
+from distillspec import checks
+from distillspec.decoding import lookahead
 from distillspec.evaluation.costs import load_profile, profile_costs
 from distillspec.evaluation.policies import COUNT_KEYS, measure_policies, priced
 from distillspec.evaluation.timing import call_cost_timers

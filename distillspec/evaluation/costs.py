@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from distillspec import checks
-from distillspec import lookahead as sl
+from distillspec.decoding import lookahead as sl
 from distillspec.evaluation import timing
 from distillspec.evaluation.timing import step_timer
 

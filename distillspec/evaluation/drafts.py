@@ -41,11 +41,11 @@ import numpy as np
 from distillspec import checks, datagen, losses
 from distillspec.checks import shared_vocab_size
 from distillspec.decoding import DecodeResult, generate, speculative_generate
+from distillspec.decoding.sampling import SamplingConfig, logits_to_probs
 from distillspec.evaluation import costs as call_costs
 from distillspec.evaluation.timing import interleaved_items
 from distillspec.feature_converters import decodable, valid_rows
 from distillspec.records import timing_warnings
-from distillspec.sampling import SamplingConfig, logits_to_probs
 
 RECORD_KEYS = (
     "draft",

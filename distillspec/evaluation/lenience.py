@@ -22,6 +22,8 @@ import jax
 import numpy as np
 
 from distillspec import checks
+from distillspec.decoding.acceptance import LENIENCE_KINDS, Lenience
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.evaluation.drafts import (
     batch1_latency,
     check_drafts,
@@ -30,8 +32,6 @@ from distillspec.evaluation.drafts import (
     spec_call,
 )  # fmt: skip
 from distillspec.evaluation.quality import output_quality
-from distillspec.sampling import SamplingConfig
-from distillspec.speculative import LENIENCE_KINDS, Lenience
 
 LOSSLESS = "none"  # The kind of the eps = 1 record.
 

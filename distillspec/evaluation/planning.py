@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from distillspec import lookahead as sl
+from distillspec.decoding import lookahead as sl
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.evaluation import costs, timing
 from distillspec.evaluation.drafts import tau_from_alpha
 from distillspec.models import load_checkpoint
 from distillspec.models.drafts import DraftSpec, make_draft, num_params
-from distillspec.sampling import SamplingConfig
 
 SPEEDUPS = (1.0, 1.5, 2.0)  # The S* whose needed alpha a plan lists.
 ESTIMATES = ("held_out", "proxy")  # A pilot's acceptance estimates (`pilot_alphas`).

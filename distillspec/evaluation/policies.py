@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from distillspec.decoding import DecodeResult, generate, speculative_generate
+from distillspec.decoding.lookahead import THRESHOLD_KINDS, Lookahead
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.evaluation.drafts import mean_tvd
 from distillspec.evaluation.timing import (
     call_cost_timers,
@@ -28,9 +30,7 @@ from distillspec.evaluation.timing import (
     modeled_latency_ms,
 )
 from distillspec.feature_converters import single_prompts
-from distillspec.lookahead import THRESHOLD_KINDS, Lookahead
 from distillspec.records import POLICY_NAMES, TARGET_POLICY, TUNED_POLICIES, append_records
-from distillspec.sampling import SamplingConfig
 
 POLICY_RECORD_KEYS = (
     "draft",

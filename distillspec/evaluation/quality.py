@@ -33,9 +33,9 @@ from sacrebleu.metrics import CHRF
 
 from distillspec import datagen, losses
 from distillspec.decoding import generate
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.feature_converters import valid_rows
 from distillspec.models.base import TruncatedVocabulary
-from distillspec.sampling import SamplingConfig
 
 
 @functools.lru_cache(maxsize=16)

@@ -40,8 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from distillspec import lookahead as sl
-from distillspec.fixed_rounds import fixed_round_decoder, fixed_round_tokens
+from distillspec.decoding import lookahead as sl
+from distillspec.decoding.fixed_rounds import fixed_round_decoder, fixed_round_tokens
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -231,7 +231,7 @@ def _linear_timer(run: Callable[[int], jax.Array], calls: int) -> Callable[[], t
 
 def round_timer(target, target_params, draft, draft_params, prompts, lengths, gamma: int,
                 rounds: int, max_new_tokens: int | None = None):  # fmt: skip
-    """A jitted loop of `rounds` speculative rounds' model calls, as `decoding._round` makes them
+    """A jitted loop of `rounds` speculative rounds' model calls, as `loop._round` makes them
     at a static gamma: the draft scores 2 positions, then 1 for gamma - 1 steps, each fed the
     previous step's argmax; then the target scores the last token and the gamma drafts, every
     position's argmax taken (`_every_argmax`) as greedy verification takes them. Returns

@@ -1,6 +1,6 @@
 """The interface every model offers to the decoders.
 
-The decoders (`distillspec.sampling`, `distillspec.speculative`) never look inside a model: they
+The decoders (`distillspec.decoding`) never look inside a model: they
 drive any object with the methods below, in the spirit of T5X's `tokens_to_logits` callables. Tests
 drive them with stub models whose distributions are known exactly.
 
@@ -30,7 +30,7 @@ Cache = Any
 
 
 class DecodingModel(Protocol):
-    """What a model must provide to be decoded by `distillspec.sampling` / `speculative`."""
+    """What a model must provide to be decoded by `distillspec.decoding`."""
 
     vocab_size: int  # Size of the logits' last axis.
     # True: the prompt is the encoder's input (T5); False: the decoder continues the prompt.

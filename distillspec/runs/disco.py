@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from distillspec import tables
+from distillspec.decoding.lookahead import SOURCES
 from distillspec.disco import storage
 from distillspec.disco.classifier import (
     ClassifierConfig,
@@ -26,7 +27,6 @@ from distillspec.disco.features import extract_features
 from distillspec.disco.tuning import CUMULATIVE_THRESHOLDS, TuningConfig, tune_policies
 from distillspec.evaluation.policies import evaluate_policies
 from distillspec.feature_converters import single_prompts
-from distillspec.lookahead import SOURCES
 from distillspec.records import RECORDS_FILE, policy_list, write_text_atomic
 from distillspec.runs.common import open_run, prompt_sets
 

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec import datagen, metrics, served, trainer
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.evaluation.drafts import (
     batch1_latencies,
     bootstrap_difference,
@@ -44,7 +45,6 @@ from distillspec.feature_converters import valid_rows
 from distillspec.records import append_records, read_jsonl, write_json_atomic, write_jsonl_atomic
 from distillspec.runs import online_report
 from distillspec.runs.common import export, open_run, prompt_sets
-from distillspec.sampling import SamplingConfig
 
 CHUNKS_FILE, COMPARED_FILE, RESULT_FILE = "chunks.jsonl", "compared.jsonl", "online.json"
 DESCRIBED = (  # The arguments online.json's context repeats.

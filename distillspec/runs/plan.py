@@ -11,8 +11,9 @@ even, runs a short pilot distillation of each (the recipe's own `train`, its ste
 pilot_steps) and estimates its acceptance on held-out prompts, predicts its batch-1 speed-up
 per gamma and ranks the candidates. OUTPUT_DIR receives plan.json, plan.md, plan.png and
 draft.gin (the chosen draft, for `python -m distillspec.train --gin_file=runs/distill.gin`).
-validate: trains every candidate that can win with the recipe's full steps, evaluates each
-with the speculative decoder at its predicted best gamma and writes validation.json (predicted
+validate: pilots and trains every candidate with the recipe's full steps (one marked never
+wins too, which checks the mark), evaluates each with the speculative decoder at every gamma
+and writes validation.json (predicted
 against measured speed-up, Spearman) and validation.md. Pilots and full runs resume from their
 MODEL_DIRs under OUTPUT_DIR.
 """
@@ -32,6 +33,7 @@ import jax
 import numpy as np
 
 from distillspec import checkpoints, metrics, tasks
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.evaluation import planning
 from distillspec.evaluation.drafts import mean_tvd, plain_call
 from distillspec.evaluation.timing import until_timed
@@ -42,7 +44,6 @@ from distillspec.records import write_json_atomic
 from distillspec.runs import plan_report, quickstart
 from distillspec.runs.common import check_models_serve, prompt_sets
 from distillspec.runs.train import with_defaults
-from distillspec.sampling import SamplingConfig
 from distillspec.vocabularies import load_tokenizer
 
 RECIPE = "distill"  # The gin scope whose `train` bindings are the recipe (unscoped ones apply).
@@ -151,7 +152,9 @@ def plan(
     rows = {c.name: _priced(c, costs, gammas) for c in chosen}
     if pilot_steps:
         reference = _continuations(target, target_params, batches, temperature, lengths, seed)
-        for candidate in (c for c in chosen if not rows[c.name]["never_wins"]):
+        # The check (validate) trains every candidate, so it pilots every one: its prediction
+        # for a candidate marked never wins is checked too.
+        for candidate in (c for c in chosen if validate or not rows[c.name]["never_wins"]):
             row = rows[candidate.name]
             row["pilot"] = _pilot(
                 candidate, os.path.join(output_dir, "pilot", candidate.name), pilot_steps,
@@ -334,12 +337,13 @@ def _predict(name, row, costs, estimate, gammas, max_new_tokens) -> None:
 
 def _validate(output_dir, chosen, result, teacher_checkpoint, recipe, stage, temperature,
               num_prompts, latency_prompts) -> dict[str, Any]:  # fmt: skip
-    """Trains each candidate that can win with the full recipe and measures it with the
-    speculative decoder at every gamma of the plan; `plan_report.validation` compares."""
+    """Trains each piloted candidate (every one under validate, never-wins marks included) with
+    the full recipe and measures it with the speculative decoder at every gamma of the plan;
+    `plan_report.validation` compares."""
     measured = {}
     for candidate in chosen:
         row = result["candidates"][candidate.name]
-        if row["never_wins"] or not row["predicted_speedup"]:
+        if not row["predicted_speedup"]:
             continue
         directory = os.path.join(output_dir, "validate", candidate.name)
         print(

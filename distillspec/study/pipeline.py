@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from distillspec import checks, losses, metrics, tasks
+from distillspec.decoding.acceptance import LENIENCE_KINDS
 from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
 from distillspec.evaluation.lenience import lenience_records
 from distillspec.evaluation.quality import quality_records
@@ -46,7 +47,6 @@ from distillspec.records import write_jsonl_atomic
 from distillspec.runs.common import open_run, prompt_sets
 from distillspec.runs.quickstart import BindingsFn, StageFn, pretrained
 from distillspec.runs.train import with_defaults
-from distillspec.speculative import LENIENCE_KINDS
 from distillspec.study import report
 
 DATA_SOURCES = {

@@ -1,8 +1,9 @@
 """How much the quickstart's figures move with the CPU's code path, and that reruns repeat.
 
-    python scripts/reproducibility.py --gin_file=configs/tests/reduced_quickstart.gin \
-        --seeds 0 1 --xla_flags "" "" --xla_flags=--xla_cpu_max_isa=AVX2 \
-        --xla_flags=--xla_cpu_max_isa=SSE4_2 --out_dir runs/reproducibility
+    python -m distillspec.benchmarks.reproducibility \
+        --gin_file=configs/tests/reduced_quickstart.gin --seeds 0 1 --xla_flags "" "" \
+        --xla_flags=--xla_cpu_max_isa=AVX2 --xla_flags=--xla_cpu_max_isa=SSE4_2 \
+        --out_dir runs/reproducibility
 
 Runs the quickstart once per (seed, XLA_FLAGS setting) in a fresh process, without the model
 cache (every run trains its own models), and prints JSON: per seed and setting its alpha and
@@ -39,7 +40,8 @@ def run(gin_file: str, seed: int, flags: str, out_dir: str) -> dict[str, dict[st
     }  # fmt: skip
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs.py checks the docs' flags against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gin_file", default="configs/tests/reduced_quickstart.gin")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -48,7 +50,11 @@ def main() -> None:
         help="an XLA_FLAGS setting (repeat; '' = none); default: '' twice",
     )  # fmt: skip
     parser.add_argument("--out_dir", default="runs/reproducibility")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     settings = args.xla_flags or ["", ""]
     report = []
     for seed in args.seeds:

@@ -1,6 +1,6 @@
 """The decoder's own loop timing rounds: `decoding`'s program run for a set number of rounds.
 
-`fixed_round_decoder` compiles the same `decoding._decode` loop that `generate` and
+`fixed_round_decoder` compiles the same `loop._decode` loop that `generate` and
 `speculative_generate` run, with no row ever finishing and, for dynamic policies, the stopping
 rule's verdict replaced by a given schedule of draft counts, so that the cost model
 (`evaluation.timing.decoder_round_timers`) can time a program's own work per round, per draft
@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import distillspec.decoding.lookahead as sl
 from distillspec import checks
-from distillspec import lookahead as sl
-from distillspec.decoding import _decode, _Spec
-from distillspec.lookahead import Lookahead
-from distillspec.sampling import SamplingConfig
+from distillspec.decoding.lookahead import Lookahead
+from distillspec.decoding.loop import _decode, _Spec
+from distillspec.decoding.sampling import SamplingConfig
 
 
 def fixed_round_tokens(policy: Lookahead | None, drafts: Sequence[int] = (0,)) -> int:

@@ -1,6 +1,6 @@
 """Batch-1 greedy latency of lookahead policies on any pair, relative to static SL-k.
 
-    python scripts/policy_latency.py --target runs/quickstart/target/export \
+    python -m distillspec.benchmarks.policy_latency --target runs/quickstart/target/export \
         --draft runs/quickstart/distilled/export [--prompts 16] [--static 3]
 
 Decodes the first --prompts stdlib test prompts one at a time with the target alone, static
@@ -22,11 +22,12 @@ import numpy as np
 
 from distillspec.benchmarks.speculative import checkpoint_pair, task_prompts
 from distillspec.decoding import generate, speculative_generate
+from distillspec.decoding.lookahead import Lookahead
 from distillspec.evaluation.timing import interleaved_items
-from distillspec.lookahead import Lookahead
 
 
-def main(argv=None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs.py checks the docs' flags against it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", required=True)
     parser.add_argument("--draft", required=True)
@@ -36,7 +37,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompt_length", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vocabulary", help="tokenizer (default: the --target checkpoint's)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
     target, tp, draft, dp, _ = checkpoint_pair(args.target, args.draft)
     tokens, lengths = task_prompts(
         args.target, "stdlib_code", "test", args.prompts, args.prompt_length, args.vocabulary

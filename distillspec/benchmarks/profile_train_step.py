@@ -1,8 +1,9 @@
 """Where a training step's time goes, op by op: a jax.profiler trace of the jitted steps,
 each XLA op's time put in a category from the compiled program.
 
-    python scripts/profile_train_step.py [--steps 10] [--batch_size 16] [--prompt_length 64] \\
-        [--completion_length 64] [--pretrain_batch_size 32] [--pretrain_length 128] [--top 12]
+    python -m distillspec.benchmarks.profile_train_step [--steps 10] [--batch_size 16] \\
+        [--prompt_length 64] [--completion_length 64] [--pretrain_batch_size 32] \\
+        [--pretrain_length 128] [--top 12]
 
 Runs, on the main job's pair with random weights (the shapes of configs/models/code_target.gin
 and code_draft.gin; the weights do not change the cost), three jitted functions as

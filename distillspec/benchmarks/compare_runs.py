@@ -1,6 +1,6 @@
 """Compares two training runs' metrics.jsonl: per-step losses and the median step time.
 
-    python scripts/compare_runs.py /tmp/scale_1p /tmp/scale_2p
+    python -m distillspec.benchmarks.compare_runs /tmp/scale_1p /tmp/scale_2p
 
 Prints JSON: for each run its final loss and median seconds per step (steps after the first,
 which includes compilation; from the logged tokens/s), and the largest relative difference
@@ -27,11 +27,16 @@ def summary(model_dir: str) -> dict:
     }
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs.py checks the docs' flags against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("a", help="MODEL_DIR of the first run")
     parser.add_argument("b", help="MODEL_DIR of the second run")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     losses = [{r["step"]: r["loss"] for r in read_metrics(d)} for d in (args.a, args.b)]
     common = sorted(losses[0].keys() & losses[1].keys())
     worst = max(abs(losses[1][s] - losses[0][s]) / abs(losses[0][s]) for s in common)

@@ -1,6 +1,6 @@
 """Where a batch-1 decoding round's time goes, on any pair: its model calls against the loop.
 
-    python scripts/profile_round.py --target runs/quickstart/target/export \
+    python -m distillspec.benchmarks.profile_round --target runs/quickstart/target/export \
         --draft runs/quickstart/distilled/export [--gamma 3] [--temperature 0 1]
 
 For each temperature, interleaved in one process (compilation excluded, medians of --repeats):
@@ -30,8 +30,8 @@ import jax
 
 from distillspec.benchmarks.speculative import checkpoint_pair, task_prompts
 from distillspec.decoding import generate, speculative_generate
+from distillspec.decoding.sampling import SamplingConfig
 from distillspec.evaluation.timing import interleaved, round_timer, step_timer
-from distillspec.sampling import SamplingConfig
 
 
 def profile(pair, prompts, gamma: int, temperature: float, max_new_tokens: int, repeats: int):
@@ -69,7 +69,8 @@ def profile(pair, prompts, gamma: int, temperature: float, max_new_tokens: int, 
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
 
 
-def main(argv=None) -> list[dict]:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs.py checks the docs' flags against it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", required=True)
     parser.add_argument("--draft", required=True)
@@ -79,7 +80,11 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--prompt_length", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--vocabulary", help="tokenizer (default: the --target checkpoint's)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> list[dict]:
+    args = build_parser().parse_args(argv)
     pair = checkpoint_pair(args.target, args.draft)
     prompts = task_prompts(
         args.target, "stdlib_code", "test", 1, args.prompt_length, args.vocabulary

@@ -1,7 +1,7 @@
 """What one draw from a [1, V] distribution costs inside a jitted loop: Gumbel-max against the
 decoder's sampler (`sampling.sample_categorical`, the inverse of the running sum) and argmax.
 
-    python scripts/sampler_cost.py [--vocab 2048] [--repeats 9] [--steps 200]
+    python -m distillspec.benchmarks.sampler_cost [--vocab 2048] [--repeats 9] [--steps 200]
 
 Prints one JSON object: microseconds per draw for each (medians of the difference of a long and
 a one-step loop, so dispatch cancels out; compilation excluded) and gumbel_over_sampler.
@@ -17,7 +17,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from distillspec.sampling import sample_categorical
+from distillspec.decoding.sampling import sample_categorical
 
 DRAWS = {
     "gumbel_max": lambda rng, p: jax.random.categorical(rng, jnp.log(p), axis=-1),
@@ -44,11 +44,17 @@ def microseconds_per_draw(draw, probs, repeats: int, steps: int = 200) -> float:
     return statistics.median(1e6 * (timed(steps) - timed(1)) / (steps - 1) for _ in range(repeats))
 
 
-def main(argv=None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs.py checks the docs' flags against it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--steps", type=int, default=200, help="draws in the long loop (>= 2)")
+    return parser
+
+
+def main(argv=None) -> dict:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error(f"--steps must be >= 2, got {args.steps}")

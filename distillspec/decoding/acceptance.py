@@ -14,7 +14,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from distillspec.sampling import sample_categorical
+from distillspec.decoding.sampling import sample_categorical
 
 LENIENCE_KINDS = ("linear", "square", "exp")
 

@@ -5,14 +5,14 @@ Both decoders share one loop: a *round* feeds the target the last emitted token 
 shape; ragged progress is a per-row position, and dropping rejected drafts is moving that
 position back (the models' caches never look past it, see `distillspec.models.base`).
 
-The number of drafts per round is decided by a lookahead policy (`distillspec.lookahead`):
+The number of drafts per round is decided by a lookahead policy (`distillspec.decoding.lookahead`):
 static (gamma drafts every round) or dynamic (DISCO's classifier, a confidence threshold,
 SpecDec++'s cumulative rule, the heuristic schedule, the oracle). A dynamic round drafts in a
 `lax.while_loop` that ends when every row has stopped or sl_max drafts are drawn; a row's drafts
 past its own stop are masked out of verification, so the output is the target's exactly,
 whatever the policy decides.
 
-Greedy rounds carry tokens only (`speculative.accept_greedy`): no [B, G, V] distributions and
+Greedy rounds carry tokens only (`acceptance.accept_greedy`): no [B, G, V] distributions and
 no random draws, which were most of a small pair's round outside its calls (README section 3).
 
 Per call the caller gets, per row, the tokens and the counters from which the acceptance rate
@@ -40,12 +40,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import distillspec.decoding.lookahead as sl
 from distillspec import checks
-from distillspec import lookahead as sl
-from distillspec.lookahead import Lookahead
+from distillspec.decoding.acceptance import Lenience, accept_greedy, accept_or_resample
+from distillspec.decoding.lookahead import Lookahead
+from distillspec.decoding.sampling import SamplingConfig, logits_to_probs, sample_categorical
 from distillspec.models.base import DecodingModel, entry_writer
-from distillspec.sampling import SamplingConfig, logits_to_probs, sample_categorical
-from distillspec.speculative import Lenience, accept_greedy, accept_or_resample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -553,7 +553,7 @@ def speculative_generate(
 
       draft, draft_params: the draft model.
       gamma: drafts per round (>= 1), the static policy; or else
-      lookahead: a `distillspec.lookahead.Lookahead` policy (static, heuristic, confidence,
+      lookahead: a `distillspec.decoding.Lookahead` policy (static, heuristic, confidence,
         disco, cumulative, oracle) with its sl_max cap. Its threshold and start are call
         inputs: changing them does not recompile.
       classifier: DISCO's classifier variables, for lookahead kind 'disco' and 'cumulative'
@@ -591,7 +591,7 @@ def _speculative_call(target, draft, target_params, draft_params, prompt_tokens,
     if lookahead is None:
         lookahead = Lookahead("static", checks.check_int("gamma", gamma))
     if not isinstance(lookahead, Lookahead):
-        raise ValueError(f"lookahead must be a distillspec.lookahead.Lookahead, got {lookahead!r}")
+        raise ValueError(f"lookahead must be a distillspec.decoding.Lookahead, got {lookahead!r}")
     vocab = checks.shared_vocab_size(target, draft, vocab_size)
     if not (isinstance(record_top_k, int) and 0 <= record_top_k <= vocab):
         raise ValueError(
