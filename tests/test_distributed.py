@@ -156,8 +156,9 @@ def first_runs(tmp_path_factory, env) -> tuple[pathlib.Path, dict[str, tuple[int
     """(root, {name: (exit status, output, seconds)}) of the runs started together."""
     root = tmp_path_factory.mktemp("multiprocess")
     python = [sys.executable, "-m", "distillspec.train"]
-    four = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    two = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    flags = env.get("XLA_FLAGS", "")  # The suite's compile flags (tests/conftest.py) kept.
+    four = dict(env, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=4")
+    two = dict(env, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=2")
     port = f"--coordinator_address=127.0.0.1:{_free_port()}"
 
     def seeds(index: int):

@@ -498,7 +498,8 @@ print("LOSSES=" + json.dumps(out))
 
 
 def test_mesh_4x2_logs_the_same_losses_as_one_device(tmp_path):
-    env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
+    env = _env(XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     run = subprocess.run(
         [sys.executable, "-c", _MESH_RUNS, TINY, str(tmp_path)],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
