@@ -123,12 +123,40 @@ _HLO_DOT = re.compile(r"\bdot\(([^)]*)\)")
 _HLO_DIMS = re.compile(r"\b((?:lhs|rhs)_(?:contracting|batch)_dims)=\{([\d,]*)\}")
 
 
+_HLO_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) ")
+_HLO_CALLED = re.compile(r"\b(?:calls|body|condition|to_apply)=%([\w.\-]+)")
+
+
+def _looped_products(hlo: str) -> bool:
+    """Whether a loop's body of the program (or what it calls) has a dot product: a loop
+    without one (XLA:CPU may expand a scatter into a loop) leaves the count right."""
+    computations, name = {}, None
+    for line in hlo.splitlines():
+        header = _HLO_COMPUTATION.match(line)
+        if header:
+            name = header.group(1)
+        elif name:
+            computations.setdefault(name, []).append(line)
+    todo = [m.group(1) for line in hlo.splitlines() if re.search(r"\swhile\(", line)
+            for m in [re.search(r"\bbody=%([\w.\-]+)", line)] if m]  # fmt: skip
+    seen = set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            for line in computations.get(name, ()):
+                if _HLO_DOT.search(line):
+                    return True
+                todo += _HLO_CALLED.findall(line)
+    return False
+
+
 def compiled_products(hlo: str) -> list[Product]:
     """The dot products of a compiled XLA program (`jitted.lower(...).compile().as_text()`),
-    fused or not, each distinct one once with its count, largest FLOPs first. A program with a
-    loop (a scanned layer stack, decoding) runs its body's products more than once, which the
+    fused or not, each distinct one once with its count, largest FLOPs first. A program whose
+    loop has products (a scanned layer stack, decoding) runs them more than once, which the
     text does not count: ValueError."""
-    if re.search(r"\swhile\(", hlo):
+    if _looped_products(hlo):
         raise ValueError("the program has a loop: its products' counts are not in its text")
     values, found = {}, collections.Counter()
     for line in hlo.splitlines():
