@@ -59,9 +59,9 @@ jax.config.update("jax_disable_most_optimizations", True)
 # (the last 3% of the tests took a fifth of the run). Only the schedule changes; it needs
 # --no-loadscope-reorder (pyproject.toml), without which xdist sorts files by their test count.
 LONGEST_FIRST = (
-    "test_reproducible.py", "test_distributed.py", "test_benchmarks.py", "test_disco.py",
-    "test_cli.py", "test_evaluate.py", "test_plan.py", "test_trainer.py", "test_your_target.py",
-    "test_online.py", "test_decoding_models.py", "test_new_user.py",
+    "test_cli.py", "test_benchmarks.py", "test_disco.py", "test_reproducible.py",
+    "test_distributed.py", "test_evaluate.py", "test_your_target.py", "test_trainer.py",
+    "test_new_user.py", "test_decoding_models.py", "test_plan.py",
 )  # fmt: skip
 
 

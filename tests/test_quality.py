@@ -28,12 +28,16 @@ def test_completion_nll_by_hand_and_padding_rows_weighted_out():
     model, params = tiny_lm(VOCAB)
     batch = _batch(3, seed=2)
     nll = quality.completion_nll(model, params, [batch])
-    # By hand: log-softmax of the logits at the position before each completion token.
+    # By hand: log-softmax of the logits at the position before each completion token (each
+    # row's sequence right-padded to one length, one compiled program: the model is causal).
     total, count = 0.0, 0
+    width = int(np.max(batch["prompt_lengths"] + batch["completion_lengths"]))
+    logits_fn = jax.jit(model.logits)
     for b in range(3):
         p, n = int(batch["prompt_lengths"][b]), int(batch["completion_lengths"][b])
         seq = np.concatenate([batch["prompt_tokens"][b, :p], batch["completion_tokens"][b, :n]])
-        logits = model.logits(params, {"decoder_input_tokens": seq[None]})[0]
+        padded = np.pad(seq, (0, width - len(seq)))[None]
+        logits = logits_fn(params, {"decoder_input_tokens": padded})[0]
         logp = np.asarray(jax.nn.log_softmax(logits))
         for i in range(n):
             total -= logp[p - 1 + i, seq[p + i]]

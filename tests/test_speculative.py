@@ -110,12 +110,15 @@ def test_greedy_rule_from_tokens_equals_the_one_hot_rule(lenience):
     draft = jnp.asarray(rng.integers(0, v, (batch, gamma)), jnp.int32)
     target = jnp.asarray(rng.integers(0, v, (batch, gamma + 1)), jnp.int32)
     num_drafts = jnp.asarray(rng.integers(0, gamma + 1, batch), jnp.int32)
+    # Jitted: one program each instead of every operation compiled on its own.
+    sampled = jax.jit(lambda *args, **kw: accept_or_resample(*args, lenience, **kw))
+    greedy = jax.jit(accept_greedy)
     for proposed in (None, num_drafts):
-        want = accept_or_resample(
+        want = sampled(
             jax.random.PRNGKey(1), draft, jax.nn.one_hot(draft, v), jax.nn.one_hot(target, v),
-            lenience, num_drafts=proposed,
+            num_drafts=proposed,
         )  # fmt: skip
-        got = accept_greedy(draft, target, proposed)
+        got = greedy(draft, target, proposed)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
         assert len(set(np.asarray(got[0]).tolist())) == gamma + 1  # Every count occurs.
