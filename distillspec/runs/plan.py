@@ -13,9 +13,8 @@ per gamma and ranks the candidates. OUTPUT_DIR receives plan.json, plan.md, plan
 draft.gin (the chosen draft, for `python -m distillspec.train --gin_file=runs/distill.gin`).
 validate: pilots and trains every candidate with the recipe's full steps (one marked never
 wins too, which checks the mark), evaluates each with the speculative decoder at every gamma
-and writes validation.json (predicted
-against measured speed-up, Spearman) and validation.md. Pilots and full runs resume from their
-MODEL_DIRs under OUTPUT_DIR.
+and writes validation.json (predicted against measured speed-up, Spearman) and validation.md.
+Pilots and full runs resume from their MODEL_DIRs under OUTPUT_DIR.
 """
 
 from __future__ import annotations
