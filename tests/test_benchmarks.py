@@ -218,6 +218,11 @@ def test_compiled_products_count_every_product_the_program_runs():
     looped = jax.jit(lambda a: jax.lax.fori_loop(0, 3, lambda i, x: x @ a, a))
     with pytest.raises(ValueError, match="loop"):
         flops.compiled_products(looped.lower(jnp.ones((4, 4))).compile().as_text())
+    # The same with the product in a branch that the loop's body calls.
+    branch = lambda i, x, a: jax.lax.cond(i > 0, lambda x: x @ a, lambda x: x, x)
+    branched = jax.jit(lambda a: jax.lax.fori_loop(0, 3, lambda i, x: branch(i, x, a), a))
+    with pytest.raises(ValueError, match="loop"):
+        flops.compiled_products(branched.lower(jnp.ones((4, 4))).compile().as_text())
     # The tiny teacher's compiled pretraining step (unrolled: a straight-line program): its
     # products are the formula's, forward (per layer q, k, v, o, the two attention products and
     # the three of the gated MLP; then the head) and backward (two per forward product).

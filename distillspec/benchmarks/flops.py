@@ -124,12 +124,13 @@ _HLO_DIMS = re.compile(r"\b((?:lhs|rhs)_(?:contracting|batch)_dims)=\{([\d,]*)\}
 
 
 _HLO_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) ")
-_HLO_CALLED = re.compile(r"\b(?:calls|body|condition|to_apply)=%([\w.\-]+)")
+_HLO_NAME = re.compile(r"%([\w.\-]+)")
 
 
 def _looped_products(hlo: str) -> bool:
-    """Whether a loop's body of the program (or what it calls) has a dot product: a loop
-    without one (XLA:CPU may expand a scatter into a loop) leaves the count right."""
+    """Whether a loop's body of the program (or a computation it calls: fusions, branches,
+    reductions, nested loops) has a dot product: a loop without one (XLA:CPU may expand a
+    scatter into a loop) leaves the count right."""
     computations, name = {}, None
     for line in hlo.splitlines():
         header = _HLO_COMPUTATION.match(line)
@@ -147,7 +148,7 @@ def _looped_products(hlo: str) -> bool:
             for line in computations.get(name, ()):
                 if _HLO_DOT.search(line):
                     return True
-                todo += _HLO_CALLED.findall(line)
+                todo += [n for n in _HLO_NAME.findall(line) if n in computations]
     return False
 
 
