@@ -124,7 +124,7 @@ def test_the_checks_catch_a_planted_cycle_and_upward_import():
 def test_the_decoder_is_one_package():
     """The loop, acceptance, lookahead policies and sampling live in distillspec/decoding/ (the
     package re-exports the public API); no top-level module holds or re-exports a part."""
-    parts = ("loop", "acceptance", "lookahead", "sampling", "fixed_rounds")
+    parts = ("loop", "acceptance", "lookahead", "sampling", "fixed_rounds", "result")
     assert {f"decoding.{part}" for part in parts} <= set(MODULES)
     assert not {"speculative", *parts} & set(MODULES), "a decoder part outside decoding/"
     within = lambda n: n.startswith("decoding")

@@ -131,15 +131,15 @@ def _looped_products(hlo: str) -> bool:
     """Whether a loop's body of the program (or a computation it calls: fusions, branches,
     reductions, nested loops) has a dot product: a loop without one (XLA:CPU may expand a
     scatter into a loop) leaves the count right."""
-    computations, name = {}, None
+    computations, name, todo = {}, None, []  # todo: the loops' bodies.
     for line in hlo.splitlines():
         header = _HLO_COMPUTATION.match(line)
         if header:
             name = header.group(1)
         elif name:
             computations.setdefault(name, []).append(line)
-    todo = [m.group(1) for line in hlo.splitlines() if re.search(r"\swhile\(", line)
-            for m in [re.search(r"\bbody=%([\w.\-]+)", line)] if m]  # fmt: skip
+            if re.search(r"\swhile\(", line):
+                todo += re.findall(r"\bbody=%([\w.\-]+)", line)
     seen = set()
     while todo:
         name = todo.pop()

@@ -8,6 +8,7 @@
                    classifier, the cumulative rule, the oracle.
   sampling.py      logits to processed distributions (temperature, top-k, top-p) and draws.
   fixed_rounds.py  the same loop run for a set number of rounds: the cost model's timers.
+  result.py        `DecodeResult` and the packing of a call's outputs for the host.
 
 The public API is re-exported here: `from distillspec.decoding import generate,
 speculative_generate, Lookahead, SamplingConfig`. docs/decoding.md explains the loop.
@@ -16,12 +17,12 @@ speculative_generate, Lookahead, SamplingConfig`. docs/decoding.md explains the 
 from distillspec.decoding.acceptance import Lenience
 from distillspec.decoding.lookahead import Lookahead, StopClassifier
 from distillspec.decoding.loop import (
-    DecodeResult,
     generate,
     generate_on_device,
     speculative_generate,
     speculative_program,
 )
+from distillspec.decoding.result import DecodeResult
 from distillspec.decoding.sampling import SamplingConfig
 
 __all__ = [

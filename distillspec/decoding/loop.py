@@ -44,37 +44,9 @@ import distillspec.decoding.lookahead as sl
 from distillspec import checks
 from distillspec.decoding.acceptance import Lenience, accept_greedy, accept_or_resample
 from distillspec.decoding.lookahead import Lookahead
+from distillspec.decoding.result import DecodeResult, packed_outputs, unpacked_result
 from distillspec.decoding.sampling import SamplingConfig, logits_to_probs, sample_categorical
 from distillspec.models.base import DecodingModel, entry_writer
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeResult:
-    """What one decoding call returns (host numpy arrays)."""
-
-    tokens: np.ndarray  # [B, N] generated tokens, 0 after each row's end.
-    lengths: np.ndarray  # [B] tokens generated per row (EOS included when emitted).
-    drafted: np.ndarray  # [B] draft tokens proposed to the target.
-    accepted: np.ndarray  # [B] draft tokens the target kept.
-    target_calls: np.ndarray  # [B] target calls made while decoding (the prompt's not counted).
-    draft_calls: np.ndarray  # [B] draft calls made while decoding.
-    width_switches: np.ndarray  # [B] rounds verified at another width than the round before.
-    sl_histogram: np.ndarray  # [B, sl_max + 1] rounds per number of drafts proposed (0..sl_max).
-    # record_top_k = k: the target's raw top-k log-probabilities [B, N, k] and ids [B, N, k] at
-    # each generated token (0 past a row's length); None without recording.
-    record_log_probs: np.ndarray | None = None
-    record_ids: np.ndarray | None = None
-
-    @property
-    def alpha(self) -> float:
-        """Acceptance rate over the batch: accepted / drafted drafts."""
-        return float(self.accepted.sum() / max(self.drafted.sum(), 1))
-
-    @property
-    def tau(self) -> float:
-        """Block efficiency over the batch: generated tokens per target call."""
-        return float(self.lengths.sum() / max(self.target_calls.sum(), 1))
-
 
 RECORD_LOGITS_BYTES = 64 * 2**20  # Largest raw-logits buffer recording keeps for one top-k.
 
@@ -428,29 +400,11 @@ def _decode(
     )
 
 
-_COUNTERS = ("lengths", "drafted", "accepted", "target_calls", "draft_calls", "width_switches")
-
-
-def _packed(out: dict[str, jax.Array]) -> tuple[jax.Array, ...]:
-    """(tokens, [B, 6 + histogram] counters[, recorded log-probs, ids]): two transfers to the
-    host instead of eight, which at batch 1 on small models is a measurable part of a call."""
-    counters = [out[name][:, None] for name in _COUNTERS] + [out["sl_histogram"]]
-    recorded = tuple(out[k] for k in ("record_log_probs", "record_ids") if k in out)
-    return (out["tokens"], jnp.concatenate(counters, axis=1), *recorded)
-
-
-def _unpacked(tokens: np.ndarray, counters: np.ndarray, *recorded: np.ndarray) -> DecodeResult:
-    fields = {name: counters[:, i] for i, name in enumerate(_COUNTERS)}
-    if recorded:
-        fields["record_log_probs"], fields["record_ids"] = recorded
-    return DecodeResult(tokens=tokens, sl_histogram=counters[:, len(_COUNTERS) :], **fields)
-
-
 @functools.lru_cache(maxsize=64)
 def _compiled(target, draft, spec: _Spec, packed: bool = False):
     """One jitted program per (models, spec, packed); jax.jit adds one per input shape."""
     decode = functools.partial(_decode, target, draft, spec)
-    return jax.jit((lambda *args: _packed(decode(*args))) if packed else decode)
+    return jax.jit((lambda *args: packed_outputs(decode(*args))) if packed else decode)
 
 
 def _checked(target, draft, target_params, draft_params, prompt_tokens, prompt_lengths, rng,
@@ -491,7 +445,7 @@ def generate(
     """
     out = _plain(model, params, prompt_tokens, prompt_lengths, rng, max_new_tokens, sampling,
                  eos_id, vocab_size, packed=True)  # fmt: skip
-    return _unpacked(*jax.device_get(out))
+    return unpacked_result(*jax.device_get(out))
 
 
 def generate_on_device(
@@ -569,7 +523,7 @@ def speculative_generate(
         max_new_tokens=max_new_tokens, sampling=sampling, lenience=lenience, eos_id=eos_id,
         vocab_size=vocab_size, record_top_k=record_top_k,
     )  # fmt: skip
-    return _unpacked(*jax.device_get(fn(*args)))
+    return unpacked_result(*jax.device_get(fn(*args)))
 
 
 def speculative_program(*args, **kwargs) -> jax.stages.Compiled:
