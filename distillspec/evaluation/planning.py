@@ -134,7 +134,9 @@ def measure_plan_profile(
     after a speculative one, as the evaluation times them) less its steps or rounds at that
     cost: the host's checks, transfers and dispatch, the prefills and the output, which the
     loop alone left out (it priced the plain calls 10-20% below what the evaluation measured
-    at T = 1). So a prediction at the public call's rounds is that call's time."""
+    at T = 1). That rest does not depend on gamma, but one call's moves by milliseconds with
+    the timing's noise (1 to 10 ms for one draft in a check): a draft's is the median over its
+    gammas."""
     tokens, lengths = prompt
     widths = range(1, max(gammas) + 2)
     calls = costs.measure_profiles(target, target_params, drafts, tokens, lengths, widths,
@@ -154,11 +156,13 @@ def measure_plan_profile(
     timers = {("call", *k): fn for k, fn in calls_timed.items()}
     timers.update({("loop", *key): loop_timer(*loop) for key, loop in loops.items()})
     results, seconds = timing.interleaved(timers, repeats)
-    ms = {}
-    for key in loops:  # [per step or round, the rest of a public call].
-        per = 1e3 * statistics.median(r[0] for r in results[("loop", *key)])
+    per = {key: 1e3 * statistics.median(r[0] for r in results[("loop", *key)]) for key in loops}
+    rests = {}  # What each public call spends outside its steps or rounds, by model.
+    for key in loops:
+        units = int(np.sum(results[("call", *key)][-1].target_calls))  # Steps or rounds.
         call = 1e3 * statistics.median(seconds[("call", *key)])
-        ms[key] = [per, call - per * int(np.sum(results[("call", *key)][-1].target_calls))]
+        rests.setdefault(key[0], []).append(call - units * per[key])
+    ms = {key: [per[key], statistics.median(rests[key[0]])] for key in loops}
     positive = lambda x: x if x > 0 else None
     first = next(iter(drafts))
     return {
