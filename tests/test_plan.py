@@ -178,13 +178,21 @@ def test_plan_end_to_end_and_its_draft_trains_as_is(tmp_path, target_dir, capsys
     result = json.loads((out / "plan.json").read_text())
     rows = result["candidates"]
     assert sorted(r["rank"] for r in rows.values()) == [1, 2, 3]
-    for row in rows.values():
-        assert row["params"] > 0 and row["c"] > 0 and row["never_wins"] is None
+    # Whether a candidate of a tiny random pair can ever win at 8 tokens turns on timings of
+    # milliseconds: one marked never wins is ranked last, with its reason, and not piloted.
+    piloted = [n for n in result["order"] if rows[n]["never_wins"] is None]
+    assert piloted and result["choice"] == piloted[0] == result["order"][0]
+    assert result["order"][: len(piloted)] == piloted  # Never-wins ones last.
+    for name, row in rows.items():
+        assert row["params"] > 0 and row["c"] > 0
+        if name not in piloted:
+            assert "even accepting every draft" in row["never_wins"] and row["pilot"] is None
+            continue
         assert set(row["predicted_speedup"]) == {"1", "2"}
         assert 0 <= row["pilot"]["held_out"] <= 1 and 0 <= row["pilot"]["proxy"] <= 1
         assert row["pilot"]["steps"] == 3
     best = lambda n: max(rows[n]["predicted_speedup"].values())
-    assert [best(n) for n in result["order"]] == sorted(map(best, rows), reverse=True)
+    assert [best(n) for n in piloted] == sorted(map(best, piloted), reverse=True)
     text = (out / "plan.md").read_text()
     assert result["choice"] in text.splitlines()[2] and (out / "plan.png").stat().st_size > 0
     printed = capsys.readouterr().out

@@ -7,8 +7,7 @@ weights on the machine the pair will serve on (`measure_plan_profile`):
                candidate needs for S* = tau / (gamma c + r_gamma) = 1, 1.5, 2 (`alpha_needed`);
   round_ms     a static round of gamma drafts in the decoder's own loop
                (`timing.decoder_round_timers`: the model calls *and* the decoder's own work,
-               which on small models is a large part of a round), and a plain decoding step;
-  outside_ms   the rest of a public call (prefills, host checks, transfers, dispatch).
+               which on small models is a large part of a round), and a plain decoding step.
 
 Acceptance is what training decides; a short pilot distillation estimates it. Given the
 acceptance rate a = 1 - mean TVD(target, draft) (DistillSpec Fig. 3c), a static round of gamma
@@ -22,17 +21,14 @@ section, so a profile measured on another machine prices the plan there.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
-from distillspec.decoding import generate, speculative_generate
 from distillspec.decoding import lookahead as sl
 from distillspec.decoding.sampling import SamplingConfig
 from distillspec.evaluation import costs, timing
@@ -123,20 +119,10 @@ def measure_plan_profile(
     """The plan's cost profile at batch 1 on prompt (tokens [1, P], lengths [1]) for serving at
     `temperature` (its rounds and steps sample above 0, which costs more per call): the
     `costs.measure_profiles` calls (target widths 1..max(gammas)+1, draft widths 1, 2) plus,
-    timed interleaved `repeats` times (medians), the decoder's own loop and the public calls:
-    'plain_ms' {'step', 'outside'} and per draft 'round_ms' / 'outside_ms' by gamma (a static
-    round; the rest of a call), at the `round_gammas` of gammas (compiling a program per gamma
-    and candidate is most of a plan's time; `predicted_speedup` interpolates).
-
-    A step's or a round's cost is the loop's (fixed rounds, many of them: the difference of
-    two run lengths). The rest of a call is the public call's time (`generate` /
-    `speculative_generate` of max_new_tokens, no EOS, each with its own key, the plain call
-    after a speculative one, as the evaluation times them) less its steps or rounds at that
-    cost: the host's checks, transfers and dispatch, the prefills and the output, which the
-    loop alone left out (it priced the plain calls 10-20% below what the evaluation measured
-    at T = 1). That rest does not depend on gamma, but one call's moves by milliseconds with
-    the timing's noise (1 to 10 ms for one draft in a check): a draft's is the median over its
-    gammas."""
+    timed interleaved `repeats` times (medians), the decoder's own loop: 'plain_ms' {'step',
+    'outside'} and per draft 'round_ms' / 'outside_ms' by gamma (a static round; a run's
+    prefill, dispatch and output), at the `round_gammas` of gammas (compiling a program per
+    gamma and candidate is most of a plan's time; `predicted_speedup` interpolates)."""
     tokens, lengths = prompt
     widths = range(1, max(gammas) + 2)
     calls = costs.measure_profiles(target, target_params, drafts, tokens, lengths, widths,
@@ -151,18 +137,10 @@ def measure_plan_profile(
     loop_timer = lambda t, tp, d, dp, policy: timing.decoder_round_timers(
         t, tp, d, dp, tokens, lengths, policy, max_new_tokens, sampling=sampling
     )[0][0]
-    calls_timed = _public_calls(target, target_params, drafts, prompt, timed, max_new_tokens,
-                                sampling)  # fmt: skip
-    timers = {("call", *k): fn for k, fn in calls_timed.items()}
-    timers.update({("loop", *key): loop_timer(*loop) for key, loop in loops.items()})
-    results, seconds = timing.interleaved(timers, repeats)
-    per = {key: 1e3 * statistics.median(r[0] for r in results[("loop", *key)]) for key in loops}
-    rests = {}  # What each public call spends outside its steps or rounds, by model.
-    for key in loops:
-        units = int(np.sum(results[("call", *key)][-1].target_calls))  # Steps or rounds.
-        call = 1e3 * statistics.median(seconds[("call", *key)])
-        rests.setdefault(key[0], []).append(call - units * per[key])
-    ms = {key: [per[key], statistics.median(rests[key[0]])] for key in loops}
+    timers = {key: loop_timer(*loop) for key, loop in loops.items()}
+    runs = timing.interleaved(timers, repeats)[0]  # (per round, outside) per repeat.
+    ms = {key: [1e3 * statistics.median(r[i] for r in rs) for i in (0, 1)]
+          for key, rs in runs.items()}  # fmt: skip
     positive = lambda x: x if x > 0 else None
     first = next(iter(drafts))
     return {
@@ -182,28 +160,6 @@ def measure_plan_profile(
             for name, (draft, draft_params) in drafts.items()
         },
     }
-
-
-def _public_calls(target, target_params, drafts, prompt, gammas, max_new_tokens, sampling):
-    """{('plain', 0) | (draft, gamma): a public call of max_new_tokens with no EOS, compiled},
-    the plain call first (it follows the previous repeat's last speculative call)."""
-    tokens, lengths = prompt
-    key = jax.random.PRNGKey(0)
-    common = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=None)
-    fns = {("plain", 0): lambda: generate(target, target_params, tokens, lengths,
-                                          jax.random.fold_in(key, 0), **common)}  # fmt: skip
-    for name, (draft, draft_params) in drafts.items():
-        for gamma in gammas:
-            fns[name, gamma] = functools.partial(
-                lambda d, dp, g: speculative_generate(
-                    target, d, target_params, dp, tokens, lengths, jax.random.fold_in(key, 0),
-                    gamma=g, **common,
-                ),
-                draft, draft_params, gamma,
-            )  # fmt: skip
-    for fn in fns.values():
-        fn()  # Compiles.
-    return fns
 
 
 def untimed(profile: Mapping[str, Any]) -> list[str]:
