@@ -67,7 +67,9 @@ def _running(*commands: tuple[list[str], dict, pathlib.Path]):
     """Starts each (command, env, log file) in its own process group; yields the Popens and,
     on the way out, kills whatever still runs (no orphans, whatever the test did)."""
     procs = []
+    pinned = os.sched_getaffinity(0)  # A test worker's own cores (tests/conftest.py).
     try:
+        os.sched_setaffinity(0, range(os.cpu_count()))  # The runs inherit every core.
         for command, env, log in commands:
             with open(log, "w") as out:
                 procs.append(
@@ -80,6 +82,7 @@ def _running(*commands: tuple[list[str], dict, pathlib.Path]):
                         start_new_session=True,
                     )  # fmt: skip
                 )
+        os.sched_setaffinity(0, pinned)
         yield procs
     finally:
         for proc in procs:
