@@ -70,19 +70,21 @@ def _running(*commands: tuple[list[str], dict, pathlib.Path]):
     pinned = os.sched_getaffinity(0)  # A test worker's own cores (tests/conftest.py).
     try:
         os.sched_setaffinity(0, range(os.cpu_count()))  # The runs inherit every core.
-        for command, env, log in commands:
-            with open(log, "w") as out:
-                procs.append(
-                    subprocess.Popen(
-                        command,
-                        env=env,
-                        cwd=REPO,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )  # fmt: skip
-                )
-        os.sched_setaffinity(0, pinned)
+        try:
+            for command, env, log in commands:
+                with open(log, "w") as out:
+                    procs.append(
+                        subprocess.Popen(
+                            command,
+                            env=env,
+                            cwd=REPO,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )  # fmt: skip
+                    )
+        finally:
+            os.sched_setaffinity(0, pinned)
         yield procs
     finally:
         for proc in procs:

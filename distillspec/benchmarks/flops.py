@@ -125,6 +125,8 @@ _HLO_DIMS = re.compile(r"\b((?:lhs|rhs)_(?:contracting|batch)_dims)=\{([\d,]*)\}
 
 _HLO_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) ")
 _HLO_NAME = re.compile(r"%([\w.\-]+)")
+_HLO_WHILE = re.compile(r"\swhile\(")
+_HLO_BODY = re.compile(r"\bbody=%([\w.\-]+)")
 
 
 def _looped_products(hlo: str) -> bool:
@@ -138,8 +140,8 @@ def _looped_products(hlo: str) -> bool:
             name = header.group(1)
         elif name:
             computations.setdefault(name, []).append(line)
-            if re.search(r"\swhile\(", line):
-                todo += re.findall(r"\bbody=%([\w.\-]+)", line)
+            if _HLO_WHILE.search(line):
+                todo += _HLO_BODY.findall(line)
     seen = set()
     while todo:
         name = todo.pop()
