@@ -87,7 +87,9 @@ def test_predicted_speedup_prices_the_decoders_rounds_or_the_ideal_formula():
                                        {3: 2.5, 5: 3.0}, 64)  # fmt: skip
     assert timed[3] == pytest.approx(64 / (64 / 2.5 * 2.0))
     assert timed[5] == pytest.approx(3.0 / (5 * 0.1 + 1.5))
-    assert planning.round_gammas(range(1, 9)) == [1, 2, 4, 8]
+    assert planning.round_gammas(range(1, 9)) == [1, 2, 8]
+    assert planning.round_gammas(range(1, 33)) == [1, 2, 16, 32]
+    assert planning.round_gammas([4]) == [4]
     assert planning.round_gammas([3, 5, 7]) == [3, 4, 7]
 
 
