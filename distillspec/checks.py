@@ -1,4 +1,5 @@
-"""Argument checks shared by the library: each raises ValueError naming the value and the range."""
+"""Checks shared by the library: arguments (each raises ValueError naming the value and the range)
+and a training run's numbers (FloatingPointError naming the step and the checkpoint kept)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,29 @@ def shared_vocab_size(target, draft, vocab_size: int | None) -> int:
     if not 1 <= vocab_size <= min(sizes):
         raise ValueError(f"vocab_size must be in [1, {min(sizes)}], got {vocab_size!r}")
     return vocab_size
+
+
+def _stopped(problem: str, last_checkpoint: int | None, model_dir: str) -> FloatingPointError:
+    kept = f"step {last_checkpoint}" if last_checkpoint is not None else "none yet"
+    return FloatingPointError(
+        f"{problem}; training stopped without saving it. The last good checkpoint ({kept}) is "
+        f"kept in {model_dir}/checkpoints; lower the learning rate or check the data."
+    )
+
+
+def check_finite(record: dict, step: int, last_checkpoint: int | None, model_dir: str) -> None:
+    """Stops training on a NaN/inf loss, naming the step and the checkpoint that is kept."""
+    if not np.isfinite(record["loss"]):
+        raise _stopped(f"loss is {record['loss']} at step {step}", last_checkpoint, model_dir)
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def check_finite_params(params, step: int, last_checkpoint: int | None, model_dir: str) -> None:
+    """Refuses to checkpoint NaN/inf parameters, naming the step and the checkpoint kept."""
+    if not bool(_all_finite(params)):
+        problem = f"the student's parameters after step {step} are not finite"
+        raise _stopped(problem, last_checkpoint, model_dir)

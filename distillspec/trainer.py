@@ -31,6 +31,7 @@ from distillspec import (
     partitioning,
     teacher_cache,
 )
+from distillspec.checks import check_finite, check_finite_params
 from distillspec.decoding import speculative_generate
 from distillspec.decoding.sampling import SamplingConfig
 from distillspec.feature_converters import decodable, valid_rows
@@ -235,32 +236,6 @@ class Timer:
         now = time.perf_counter()
         elapsed, self.last = now - self.last, now
         return elapsed
-
-
-def _stopped(problem: str, last_checkpoint: int | None, model_dir: str) -> FloatingPointError:
-    kept = f"step {last_checkpoint}" if last_checkpoint is not None else "none yet"
-    return FloatingPointError(
-        f"{problem}; training stopped without saving it. The last good checkpoint ({kept}) is "
-        f"kept in {model_dir}/checkpoints; lower the learning rate or check the data."
-    )
-
-
-def check_finite(record: dict, step: int, last_checkpoint: int | None, model_dir: str) -> None:
-    """Stops training on a NaN/inf loss, naming the step and the checkpoint that is kept."""
-    if not np.isfinite(record["loss"]):
-        raise _stopped(f"loss is {record['loss']} at step {step}", last_checkpoint, model_dir)
-
-
-@jax.jit
-def _all_finite(tree) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
-
-
-def check_finite_params(params, step: int, last_checkpoint: int | None, model_dir: str) -> None:
-    """Refuses to checkpoint NaN/inf parameters, naming the step and the checkpoint kept."""
-    if not bool(_all_finite(params)):
-        problem = f"the student's parameters after step {step} are not finite"
-        raise _stopped(problem, last_checkpoint, model_dir)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ TOP_MODULES = {
     "report", "plan", "online",
 }  # fmt: skip
 LAYERS = ("library", "evaluation", "disco", "runs", "study", "top")
-MAX_MODULE_LINES = 620
+MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 100
 
 
