@@ -63,18 +63,28 @@ def _profile(draft_ms=0.1, round_ms=None):
             "outside": 0.0}, "max_new_tokens": 64, "candidates": {"d": entry}}  # fmt: skip
 
 
-def test_alpha_needed_reaches_the_speedup_exactly():
-    c, r = 0.1, 1.3
-    for gamma in (1, 3, 8):
-        for s in planning.SPEEDUPS:
-            alpha = planning.alpha_needed(gamma, c, r, s)
-            if alpha is None:  # Not even alpha = 1 reaches it.
-                assert (1 + gamma) / (gamma * c + r) < s
-            elif alpha == 0:  # Reached with no draft accepted.
-                assert 1 / (gamma * c + r) >= s
-            else:
-                assert (1 + gamma * alpha) / (gamma * c + r) == pytest.approx(s)
-    assert planning.alpha_needed(3, None, 1.0, 1.0) is None
+def test_alpha_needed_reaches_the_speedup_as_the_predictions_price_it():
+    """With timed rounds and without (S*): at the alpha needed, tau = 1 + gamma alpha predicts
+    the speed-up exactly; None exactly when alpha = 1 falls short (so never_wins agrees)."""
+    for profile in (_profile(), _profile(round_ms={1: 1.2, 2: 1.5, 3: 1.8, 8: 3.5}),
+                    _profile(draft_ms=1.0), _profile(round_ms={1: 2.5, 8: 9.5})):  # fmt: skip
+        for gamma in (1, 3, 8):
+            for s in planning.SPEEDUPS:
+                alpha = planning.alpha_needed(profile, "d", gamma, s)
+                at = {a: planning.predicted_speedup(profile, "d", {gamma: 1 + gamma * a})[gamma]
+                      for a in (0.0, 1.0, alpha or 0.0)}  # fmt: skip
+                if alpha is None:  # Not even alpha = 1 reaches it.
+                    assert at[1.0] < s
+                elif alpha == 0:  # Reached with no draft accepted.
+                    assert at[0.0] >= s
+                else:
+                    assert at[alpha] == pytest.approx(s)
+        never = planning.never_wins(profile, "d", [1, 3, 8])
+        can_win = [planning.alpha_needed(profile, "d", g, 1.0) for g in (1, 3, 8)]
+        assert (never is None) == any(a is not None for a in can_win), (never, can_win)
+    profile = _profile()
+    profile["target_ms"][4] = None  # r_3 untimed: nothing to say at gamma 3.
+    assert planning.alpha_needed(profile, "d", 3, 1.0) is None
 
 
 def test_predicted_speedup_prices_the_decoders_rounds_or_the_ideal_formula():

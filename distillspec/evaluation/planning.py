@@ -3,8 +3,7 @@
 A draft's call cost does not depend on its weights, so every candidate is priced with random
 weights on the machine the pair will serve on (`measure_plan_profile`):
 
-  c, r_gamma   model calls alone (`costs.measure_profiles`): the acceptance rate alpha each
-               candidate needs for S* = tau / (gamma c + r_gamma) = 1, 1.5, 2 (`alpha_needed`);
+  c, r_gamma   model calls alone (`costs.measure_profiles`), for S* = tau / (gamma c + r_gamma);
   round_ms     a static round of gamma drafts in the decoder's own loop
                (`timing.decoder_round_timers`: the model calls *and* the decoder's own work,
                which on small models is a large part of a round), and a plain decoding step.
@@ -13,9 +12,10 @@ Acceptance is what training decides; a short pilot distillation estimates it. Gi
 acceptance rate a = 1 - mean TVD(target, draft) (DistillSpec Fig. 3c), a static round of gamma
 drafts yields tau(gamma) = (1 - a^(gamma+1)) / (1 - a) tokens, and a decoding run of N tokens
 costs plain: outside + N step, speculative: outside(gamma) + (N / tau) round(gamma)
-(`predicted_speedup`). A candidate that loses even when every draft is accepted can never win
-(`never_wins`). The profile JSON extends `costs.load_profile`'s format with a 'candidates'
-section, so a profile measured on another machine prices the plan there.
+(`predicted_speedup`); the acceptance rate each candidate needs for a speed-up of 1, 1.5 and 2
+is priced the same way (`alpha_needed`). A candidate that loses even when every draft is
+accepted can never win (`never_wins`). The profile JSON extends `costs.load_profile`'s format
+with a 'candidates' section, so a profile measured on another machine prices the plan there.
 """
 
 from __future__ import annotations
@@ -252,16 +252,6 @@ def call_ratios(profile: Mapping[str, Any], name: str, gammas) -> tuple[float | 
     return ratio(draft.get(1)), {g: ratio(target.get(g + 1)) for g in gammas}
 
 
-def alpha_needed(gamma: int, c: float | None, r_gamma: float | None, speedup: float):
-    """The acceptance rate (accepted / proposed drafts, so tau = 1 + gamma alpha) at which
-    S* = tau / (gamma c + r_gamma) reaches `speedup`; None when not even alpha = 1 does (or a
-    cost is unknown)."""
-    if c is None or r_gamma is None:
-        return None
-    alpha = (speedup * (gamma * c + r_gamma) - 1) / gamma
-    return None if alpha > 1 else max(alpha, 0.0)
-
-
 def round_gammas(gammas: Sequence[int]) -> list[int]:
     """The gammas whose rounds a plan times: the ends of gammas, the lowest plus one and powers of
     two from 16 between (1, 2, 8 of 1..8; 1, 2, 16, 32 of 1..32). From the second round size on,
@@ -288,27 +278,46 @@ def _interpolated(timed: Mapping[int, float | None], gamma: int) -> float | None
     return timed[a] + (timed[b] - timed[a]) * (gamma - a) / (b - a)
 
 
-def predicted_speedup(profile: Mapping[str, Any], name: str, taus: Mapping[int, float],
-                      max_new_tokens: int | None = None) -> dict[int, float | None]:  # fmt: skip
-    """{gamma: batch-1 latency speed-up} at block efficiency taus[gamma]: from the decoder's
-    own timed rounds where the profile has them (a run of max_new_tokens, module docstring;
-    gammas between timed ones interpolated), else S* = tau / (gamma c + r_gamma) (model calls
-    alone; the decoder's work free)."""
+def _pricing(profile: Mapping[str, Any], name: str, gamma: int,
+             max_new_tokens: int | None = None) -> tuple[float, float] | None:  # fmt: skip
+    """(fixed, per_tau): candidate `name`'s batch-1 latency speed-up at gamma and block
+    efficiency tau is 1 / (fixed + per_tau / tau). From the decoder's own timed rounds where the
+    profile has them (a run of max_new_tokens, module docstring; gammas between timed ones
+    interpolated), else S* = tau / (gamma c + r_gamma) (model calls alone; the decoder's work
+    free). None where a cost is unknown."""
     entry = profile["candidates"][name]
     plain = profile.get("plain_ms") or {}
-    tokens = max_new_tokens or profile.get("max_new_tokens") or 64
-    c, r = call_ratios(profile, name, list(taus))
+    rounds = _interpolated(entry.get("round_ms", {}), gamma)
+    if rounds and plain.get("step"):
+        tokens = max_new_tokens or profile.get("max_new_tokens") or 64
+        base = plain.get("outside", 0.0) + tokens * plain["step"]
+        outside = _interpolated(entry.get("outside_ms", {}), gamma) or 0.0
+        return outside / base, tokens * rounds / base
+    c, r = call_ratios(profile, name, [gamma])
+    if c is None or r[gamma] is None:
+        return None
+    return 0.0, gamma * c + r[gamma]
+
+
+def predicted_speedup(profile: Mapping[str, Any], name: str, taus: Mapping[int, float],
+                      max_new_tokens: int | None = None) -> dict[int, float | None]:  # fmt: skip
+    """{gamma: batch-1 latency speed-up} at block efficiency taus[gamma] (`_pricing`)."""
     out = {}
     for gamma, tau in taus.items():
-        rounds = _interpolated(entry.get("round_ms", {}), gamma)
-        if rounds and plain.get("step"):
-            base = plain.get("outside", 0.0) + tokens * plain["step"]
-            outside = _interpolated(entry.get("outside_ms", {}), gamma) or 0.0
-            spec = outside + tokens / tau * rounds
-            out[gamma] = base / spec
-        else:
-            out[gamma] = costs.ideal_speedup(tau, gamma, c, r[gamma])
+        priced = _pricing(profile, name, gamma, max_new_tokens)
+        out[gamma] = None if priced is None else 1 / (priced[0] + priced[1] / tau)
     return out
+
+
+def alpha_needed(profile: Mapping[str, Any], name: str, gamma: int, speedup: float):
+    """The acceptance rate (accepted / proposed drafts, so tau = 1 + gamma alpha) at which
+    candidate `name`'s speed-up at gamma reaches `speedup`, priced as its predictions are
+    (`_pricing`); None when not even alpha = 1 reaches it (or a cost is unknown)."""
+    priced = _pricing(profile, name, gamma)
+    if priced is None or 1 / speedup <= priced[0]:
+        return None
+    alpha = (priced[1] / (1 / speedup - priced[0]) - 1) / gamma
+    return None if alpha > 1 else max(alpha, 0.0)
 
 
 def ceiling(profile: Mapping[str, Any], name: str, gammas: Sequence[int]):

@@ -265,7 +265,7 @@ def _priced(candidate, costs, gammas) -> dict[str, Any]:
     entry = costs["candidates"][candidate.name]
     c, r = planning.call_ratios(costs, candidate.name, gammas)
     needed = {
-        f"{s:g}": {g: planning.alpha_needed(g, c, r[g], s) for g in gammas}
+        f"{s:g}": {g: planning.alpha_needed(costs, candidate.name, g, s) for g in gammas}
         for s in planning.SPEEDUPS
     }
     return {

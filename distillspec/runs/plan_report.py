@@ -111,8 +111,9 @@ def markdown(result: Mapping[str, Any], headline: str) -> str:
             f"{_fmt(pilot.get('proxy'))}) | {speed} | {_fmt(pilot.get('seconds'), 0)} | "
             f"{row['never_wins'] or ''} |"
         )
-    out += ["", "Acceptance rate α (accepted / proposed drafts) each candidate needs for an "
-            "ideal speed-up S* = τ / (γc + r_γ) of 1 / 1.5 / 2 (— : not even at α = 1):", "",
+    out += ["", "Acceptance rate α (accepted / proposed drafts, as `evaluate` reports it) each "
+            "candidate needs for a batch-1 speed-up of 1 / 1.5 / 2, priced as the predictions "
+            "are (— : not even at α = 1):", "",
             "| Candidate | " + " | ".join(f"γ = {g}" for g in gammas) + " |",
             "|---|" + "---|" * len(gammas)]  # fmt: skip
     for name in result["order"]:
