@@ -26,6 +26,7 @@ from distillspec import (
     checkpoints,
     datagen,
     distributed,
+    heads,
     losses,
     metrics,
     partitioning,
@@ -35,9 +36,14 @@ from distillspec.checks import check_finite, check_finite_params
 from distillspec.decoding import speculative_generate
 from distillspec.decoding.sampling import SamplingConfig
 from distillspec.feature_converters import decodable, valid_rows
+from distillspec.optimizers import (  # noqa: F401 (trainer.OptimizerConfig is the gin name)
+    OPTIMIZERS,
+    OptimizerConfig,
+    make_optimizer,
+    make_schedule,
+)
 
 DIVERGENCES = losses.KINDS + ("ce",)
-OPTIMIZERS = ("adafactor", "adamw")
 
 
 @flax.struct.dataclass
@@ -53,6 +59,9 @@ class LossConfig:
 
     divergence: str = "fkl"  # 'fkl', 'rkl', 'jsd', 'tvd' against the teacher, or 'ce' on data.
     beta: float = 0.5  # JSD[beta] mixture weight in [0, 1] (only 'jsd' uses it).
+    # Tokens per device whose logits the heads and the loss compute at once (`heads`); None:
+    # a [tokens, V] float32 chunk of about 64 MB (`heads.default_chunk_tokens`).
+    chunk_tokens: int | None = None
 
     def __post_init__(self):
         if self.divergence not in DIVERGENCES:
@@ -61,54 +70,11 @@ class LossConfig:
             )
         if not 0 <= self.beta <= 1:
             raise ValueError(f"LossConfig.beta must be in [0, 1], got {self.beta!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    """Optimizer and schedule; defaults after DistillSpec Table B.1 (scaled to short runs)."""
-
-    name: str = "adafactor"  # 'adafactor' (the paper's) or 'adamw'.
-    learning_rate: float = 3e-4  # Peak learning rate.
-    warmup_steps: int = 0  # Linear warm-up from 0 to the peak.
-    final_fraction: float = 0.1  # Cosine decay from the peak to final_fraction * peak.
-    weight_decay: float = 0.0  # Decoupled weight decay (adamw only).
-    clip_norm: float = 1.0  # Global gradient-norm clipping; 0 disables.
-
-    def __post_init__(self):
-        if self.name not in OPTIMIZERS:
-            raise ValueError(f"OptimizerConfig.name must be one of {OPTIMIZERS}, got {self.name!r}")
-        if not self.learning_rate > 0:
+        tokens = self.chunk_tokens
+        if tokens is not None and not (isinstance(tokens, int) and tokens >= 1):
             raise ValueError(
-                f"OptimizerConfig.learning_rate must be > 0, got {self.learning_rate!r}"
+                f"LossConfig.chunk_tokens must be None or an integer >= 1, got {tokens!r}"
             )
-        if self.warmup_steps < 0 or not 0 <= self.final_fraction <= 1 or self.clip_norm < 0:
-            raise ValueError(
-                "OptimizerConfig needs warmup_steps >= 0, final_fraction in [0, 1], clip_norm >= 0;"
-                f" got {self.warmup_steps!r}, {self.final_fraction!r}, {self.clip_norm!r}"
-            )
-
-
-def make_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
-    """Linear warm-up to the peak, then cosine decay to final_fraction * peak at total_steps."""
-    warmup = min(config.warmup_steps, max(total_steps - 1, 0))
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0 if warmup else config.learning_rate,
-        peak_value=config.learning_rate,
-        warmup_steps=warmup,
-        decay_steps=max(total_steps, warmup + 1),
-        end_value=config.learning_rate * config.final_fraction,
-    )
-
-
-def make_optimizer(config: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
-    schedule = make_schedule(config, total_steps)
-    if config.name == "adafactor":
-        core = optax.adafactor(learning_rate=schedule, multiply_by_parameter_scale=False)
-    else:
-        core = optax.adamw(learning_rate=schedule, weight_decay=config.weight_decay)
-    if config.clip_norm:
-        return optax.chain(optax.clip_by_global_norm(config.clip_norm), core)
-    return core
 
 
 def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
@@ -137,8 +103,13 @@ def train_step(
     teacher,
     loss: LossConfig,
     optimizer: optax.GradientTransformation,
+    data_parallel: int = 1,
 ) -> tuple[TrainState, dict]:
     """One optimizer step of the student.
+
+    Both models run to their final hidden states; their heads, the loss and the acceptance
+    metric then run over chunks of `loss.chunk_tokens` tokens per device (`heads`), so no
+    [tokens, V] logits array is ever whole.
 
     Args:
       state: the student's TrainState (donated by the caller's jit).
@@ -152,10 +123,10 @@ def train_step(
       tail_params: student parameters whose distribution shapes the tail past a cached or served
         top-k (`losses.topk_teacher_logits`), e.g. the draft before online adaptation; None: the
         student's own.
-      student, teacher: models with `logits(params, batch, positions) -> [B, L or N, V]`
-        (`models.base.ScoringModel`).
-      loss: the divergence (or 'ce').
+      student, teacher: `models.base.ScoringModel`s (split at the head by `heads.head_of`).
+      loss: the divergence (or 'ce') and the chunk size.
       optimizer: the optax transformation whose state is in `state`.
+      data_parallel: devices the batch's rows are split over (the chunk size is per device).
 
     Returns:
       (new state, metrics): sums (loss_sum, weight_sum, acceptance_sum when a teacher is
@@ -164,26 +135,31 @@ def train_step(
     inputs, positions = _model_inputs(batch), batch.get("loss_positions")
     # Only the positions that can carry weight: the prompt's logits would be weighted out.
     at = lambda x: x if positions is None else _take_positions(x, positions)
-    weights = at(batch["weights"])
-    teacher_logits = None
-    cached = teacher_cache.LOG_PROBS in batch  # The teacher's top-k, cached or served.
-    if teacher is not None and not cached:
-        teacher_logits = jax.lax.stop_gradient(teacher.logits(teacher_params, inputs, positions))
+    student_head = heads.head_of(student)
+    chunked, consts = {"weights": at(batch["weights"])}, {}
+    if teacher_cache.LOG_PROBS in batch:  # The teacher's top-k, cached or served.
+        chunked["log_probs"] = at(batch[teacher_cache.LOG_PROBS])
+        chunked["ids"] = at(batch[teacher_cache.IDS])
+        if tail_params is not None:  # The tail in tail_params' proportions, not the student's.
+            tail = student_head.features(tail_params, inputs, positions)
+            chunked["tail"] = jax.lax.stop_gradient(tail)
+            consts["tail"] = student_head.select(tail_params)
+    elif teacher is not None:
+        hidden = heads.head_of(teacher).features(teacher_params, inputs, positions)
+        chunked["teacher"] = jax.lax.stop_gradient(hidden)
+        consts["teacher"] = heads.head_of(teacher).select(teacher_params)
+    if loss.divergence == "ce":
+        chunked["targets"] = at(batch["targets"])
+    rows, length = chunked["weights"].shape
+    size = heads.chunk_positions(
+        max(rows // data_parallel, 1), length, loss.chunk_tokens, student.vocab_size
+    )
+    vocab_size = teacher.vocab_size if teacher is not None else student.vocab_size
+    fn = functools.partial(_chunk_sums, student_head, teacher, loss, vocab_size)
 
     def objective(params):
-        logits = student.logits(params, inputs, positions)
-        target = teacher_logits
-        if cached:  # The tail past the top k in the student's (or tail_params') proportions.
-            shape = tail_params and student.logits(tail_params, inputs, positions)
-            target = losses.topk_teacher_logits(
-                at(batch[teacher_cache.LOG_PROBS]), at(batch[teacher_cache.IDS]),
-                teacher.vocab_size, logits if shape is None else shape,
-            )  # fmt: skip
-        if loss.divergence == "ce":
-            total, count = losses.cross_entropy(logits, at(batch["targets"]), weights)
-            sums = {"loss_sum": total, "weight_sum": count}
-        else:  # The loss and the acceptance metric share each distribution's log-softmax.
-            sums = losses.distillation_sums(logits, target, weights, loss.divergence, loss.beta)
+        hidden = student_head.features(params, inputs, positions)
+        sums = heads.chunked_sums(fn, student_head.select(params), hidden, chunked, consts, size)
         return losses.mean(sums["loss_sum"], sums["weight_sum"]), sums
 
     grads, sums = jax.grad(objective, has_aux=True)(state.params)
@@ -195,14 +171,33 @@ def train_step(
     return new_state, metrics
 
 
+def _chunk_sums(student_head, teacher, loss: LossConfig, vocab_size: int, head_params, hidden,
+                chunk: dict, consts: dict) -> dict:  # fmt: skip
+    """The loss's (and the acceptance metric's) sums over one chunk of positions, from the
+    student's hidden states [B, C, E] and `train_step`'s chunked inputs [B, C, ...]."""
+    logits = student_head.apply(head_params, hidden)
+    if loss.divergence == "ce":
+        total, count = losses.cross_entropy(logits, chunk["targets"], chunk["weights"])
+        return {"loss_sum": total, "weight_sum": count}
+    if "teacher" in chunk:
+        target = heads.head_of(teacher).apply(consts["teacher"], chunk["teacher"])
+    else:  # The tail past the top k in the student's (or tail_params') proportions.
+        shape = logits if "tail" not in chunk else student_head.apply(consts["tail"], chunk["tail"])
+        target = losses.topk_teacher_logits(chunk["log_probs"], chunk["ids"], vocab_size, shape)
+    # The loss and the acceptance metric share each distribution's log-softmax.
+    return losses.distillation_sums(logits, target, chunk["weights"], loss.divergence, loss.beta)
+
+
 def compile_train_step(
     student, teacher, loss: LossConfig, optimizer, state_shardings=None, mesh=None
 ):
     """jit of `train_step` with the state donated (and kept on its shardings when given); on a
     `mesh`, the metrics come out replicated, so that every process can read them."""
+    data_parallel = 1 if mesh is None else mesh.shape["data"]
     step = functools.partial(
-        train_step, student=student, teacher=teacher, loss=loss, optimizer=optimizer
-    )
+        train_step, student=student, teacher=teacher, loss=loss, optimizer=optimizer,
+        data_parallel=data_parallel,
+    )  # fmt: skip
     out = None
     if state_shardings is not None or mesh is not None:
         out = (state_shardings, partitioning.replicated(mesh) if mesh is not None else None)
@@ -357,7 +352,7 @@ class Models:
         return datagen.pack_for(self.student)
 
 
-def _state_shardings(optimizer, params, param_shardings, mesh) -> TrainState:
+def state_shardings(optimizer, params, param_shardings, mesh) -> TrainState:
     """The TrainState's shardings: the optimizer's per-parameter moments as their parameter
     (optax.tree_map_params), anything else replicated. (Left to jit, zero-initialised moments
     come out replicated: the full optimizer state on every device.)"""
@@ -387,7 +382,7 @@ def _placed(models: Models, params, optimizer, mesh, rules):
         models = dataclasses.replace(
             models, teacher_params=jax.device_put(models.teacher_params, shardings)
         )
-    shardings = _state_shardings(optimizer, params, param_shardings, mesh)
+    shardings = state_shardings(optimizer, params, param_shardings, mesh)
     init = functools.partial(init_state, optimizer=optimizer)
     return models, jax.jit(init, out_shardings=shardings)(params), shardings
 

@@ -181,3 +181,35 @@ def compiled_products(hlo: str) -> list[Product]:
         found[(lhs[1], rhs[1], (lhs[0], rhs[0]), numbers)] += 1
     products = [Product(*key, count=count) for key, count in found.items()]
     return sorted(products, key=lambda p: -p.flops * p.count)
+
+
+def jaxpr_flops(jaxpr: Any) -> int:
+    """Matmul FLOPs (2 per multiply-add of every dot_general) of a jaxpr (`jax.make_jaxpr`'s, or
+    a jitted function's `.trace(...).jaxpr`), a scan's body counted `length` times and a
+    conditional at its costliest branch. XLA's own cost analysis counts a loop's body once,
+    which undercounts every scanned layer stack and every chunked loss."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (contracting, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            inner = math.prod(lhs[i] for i in contracting)
+            total += 2 * math.prod(eqn.outvars[0].aval.shape) * inner
+            continue
+        subs = [jaxpr_flops(sub) for sub in _sub_jaxprs(eqn.params)]
+        if eqn.primitive.name == "cond":
+            total += max(subs, default=0)
+        else:
+            total += eqn.params.get("length", 1) * sum(subs)
+    return total
+
+
+def _sub_jaxprs(params: dict) -> list:
+    """The jaxprs an equation's parameters hold (bodies, branches, called functions)."""
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if hasattr(item, "eqns") or hasattr(getattr(item, "jaxpr", None), "eqns"):
+                found.append(item)
+    return found

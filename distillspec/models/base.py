@@ -91,6 +91,13 @@ class ScoringModel(DecodingModel, Protocol):
         [B, N, V] at `positions` [B, N] only (the batch's `loss_positions`)."""
         ...
 
+    # Optional, so that no [B, L, V] array need exist (`distillspec.heads`): `logits` split
+    # into the final hidden states and the output head, logits = head(head_params(params),
+    # features(params, batch, positions)):
+    #   features(params, batch, positions=None) -> [B, L or N, E]
+    #   head_params(params) -> the subtree the head reads (the lm head or tied embedding)
+    #   head(head_params, hidden [..., E]) -> logits [..., V] float32
+
 
 class FlaxModel(abc.ABC):
     """Parameter plumbing shared by the flax model wrappers.
@@ -174,6 +181,15 @@ class TruncatedVocabulary:
     def logits(self, params, batch, positions=None):
         return self.model.logits(params, batch, positions)[..., : self.vocab_size]
 
+    def features(self, params, batch, positions=None):
+        return self.model.features(params, batch, positions)
+
+    def head_params(self, params):
+        return self.model.head_params(params)
+
+    def head(self, head_params, x):
+        return self.model.head(head_params, x)[..., : self.vocab_size]
+
     def init(self, rng):
         return self.model.init(rng)
 
@@ -246,3 +262,17 @@ def for_decoding(
             cache = None if cache_dtype == dtype else cache_dtype
             model = type(model)(dataclasses.replace(config, dtype=dtype, cache_dtype=cache))
     return model, cast_params(params, dtype)
+
+
+def with_remat(model: Any, remat: str) -> Any:
+    """model with its blocks rematerialised in differentiated calls as `remat` says
+    (`layers.REMAT_POLICIES`); the parameters are the same. ValueError naming a bad policy, or
+    a model whose config has no such setting (e.g. a stub) given anything but 'none'."""
+    if isinstance(model, TruncatedVocabulary):
+        return TruncatedVocabulary(with_remat(model.model, remat), model.vocab_size)
+    config = getattr(model, "config", None)
+    if not (dataclasses.is_dataclass(config) and hasattr(config, "remat")):
+        if remat != "none":
+            raise ValueError(f"remat={remat!r}: {type(model).__name__} has no remat setting")
+        return model
+    return model if config.remat == remat else type(model)(dataclasses.replace(config, remat=remat))

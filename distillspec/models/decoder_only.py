@@ -73,6 +73,9 @@ class TransformerConfig:
     dtype: str = "float32"  # Compute dtype, 'float32' or 'bfloat16'; params stay float32.
     cache_dtype: str | None = None  # KV cache dtype when decoding; None: the compute dtype.
     init_std: float = 0.02  # Std of the normal init of fresh parameters (HF's initializer_range).
+    # What a teacher-forced (training) call keeps of each block for the backward pass
+    # (`layers.REMAT_POLICIES`: 'none', 'full' or a jax.checkpoint_policies name).
+    remat: str = "none"
 
     def __post_init__(self):
         check_positive(self, ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads"))
@@ -87,6 +90,7 @@ class TransformerConfig:
         check_choice("norm", self.norm, {"rmsnorm", "layernorm"})
         check_choice("activation", self.activation, set(layers.ACTIVATIONS))
         check_dtypes(self)
+        layers.check_remat(self.remat)
         if self.position_embedding == "rope" and self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")
 
@@ -175,6 +179,11 @@ class DecoderOnlyTransformer(nn.Module):
           [num_layers, B, T, Hkv, D] (the cache is only read; `DecoderOnlyLM` writes them) or
           {}).
         """
+        x, entries = self.features(tokens, starts, cache, select)
+        return self.head(x), entries
+
+    def features(self, tokens, starts, cache, select=None):
+        """`__call__` up to the head: (final hidden states [B, T, E] (or [B, N, E]), entries)."""
         positions = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
         key_length = cache["k"].shape[2] if cache else tokens.shape[1]
         mask = layers.causal_mask(positions, key_length)
@@ -184,17 +193,23 @@ class DecoderOnlyTransformer(nn.Module):
         x, entries = self._run_layers(x, mask, positions, cache)
         if select is not None:  # The head and what follows it only where they are needed.
             x = jnp.take_along_axis(x, select[..., None], axis=1)
-        x = self.final_norm(x)
+        return self.final_norm(x), entries
+
+    def head(self, x: jax.Array) -> jax.Array:
+        """Final hidden states [..., E] -> logits [..., V] float32."""
         logits = self.embed.attend(x) if self.config.tie_embeddings else self.lm_head(x)
-        return logits.astype(jnp.float32), entries
+        return logits.astype(jnp.float32)
 
     def _run_layers(self, x, mask, positions, cache):
-        """The layer stack: the scanned module, or its parameters through an unrolled copy of it
-        for a teacher-forced call of a shallow stack (UNROLL_MAX_LAYERS)."""
-        count = self.config.num_layers
-        if cache or count > UNROLL_MAX_LAYERS or self.is_initializing():
+        """The layer stack: the scanned module, or its parameters through a copy of it for a
+        teacher-forced call, unrolled for a shallow stack (UNROLL_MAX_LAYERS) and
+        rematerialised as `config.remat` says (decoding never is)."""
+        count, remat = self.config.num_layers, self.config.remat
+        shallow = count <= UNROLL_MAX_LAYERS
+        if cache or (not shallow and remat == "none") or self.is_initializing():
             return self.layers(x, mask, positions, cache)
-        stack = layers.scan_layers(_Block, count, _LAYER_IN_AXES, unroll=count)
+        unroll = count if shallow else 1
+        stack = layers.scan_layers(_Block, count, _LAYER_IN_AXES, unroll=unroll, remat=remat)
         unrolled = stack(self.config, parent=None)  # Unbound: applied to the stack's parameters.
         return unrolled.apply(
             {"params": self.layers.variables["params"]}, x, mask, positions, cache
@@ -234,10 +249,27 @@ class DecoderOnlyLM(FlaxModel):
         Returns:
           [B, L, V] (or [B, N, V]) float32 logits; position t predicts token t + 1.
         """
+        return self.head(self.head_params(params), self.features(params, batch, positions))
+
+    def features(
+        self, params: Any, batch: dict[str, jax.Array], positions: jax.Array | None = None
+    ) -> jax.Array:
+        """`logits` before the head: final hidden states [B, L, E] (or [B, N, E])."""
         tokens = batch["decoder_input_tokens"]
         starts = jnp.zeros((tokens.shape[0],), jnp.int32)
-        logits, _ = self.module.apply({"params": params}, tokens, starts, {}, positions)
-        return logits
+        x, _ = self.module.apply(
+            {"params": params}, tokens, starts, {}, positions, method="features"
+        )
+        return x
+
+    def head_params(self, params: Any) -> Any:
+        """The part of params the head reads (the tied embedding or the lm head)."""
+        name = "embed" if self.config.tie_embeddings else "lm_head"
+        return {name: params[name]}
+
+    def head(self, head_params: Any, x: jax.Array) -> jax.Array:
+        """Hidden states [..., E] -> logits [..., V] float32, from `head_params` alone."""
+        return self.module.apply({"params": head_params}, x, method="head")
 
     def init_cache(self, batch_size: int, cache_length: int) -> dict[str, jax.Array]:
         """Zero cache {'k', 'v'}: [num_layers, B, cache_length, num_kv_heads, head_dim] each."""

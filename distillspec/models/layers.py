@@ -514,15 +514,39 @@ class RelativePositionBias(nn.Module):
         return jnp.transpose(weights[buckets], (0, 3, 1, 2))
 
 
+# Rematerialisation of a block in a differentiated call (MaxText's `remat_policy`): 'none'
+# keeps every activation for the backward pass, 'full' keeps only the block's input and
+# recomputes the rest, and any name of `jax.checkpoint_policies` keeps what it names (e.g.
+# 'dots_with_no_batch_dims_saveable': the matmul outputs).
+REMAT_POLICIES = ("none", "full") + tuple(
+    name for name in dir(jax.checkpoint_policies) if name.endswith(("saveable", "_saveable"))
+)
+
+
+def check_remat(remat: str) -> str:
+    """remat if it names a policy of REMAT_POLICIES, else ValueError listing them."""
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"remat={remat!r} is not valid; choose one of {REMAT_POLICIES}.")
+    return remat
+
+
 def scan_layers(
-    block: type[nn.Module], num_layers: int, in_axes: tuple[Any, ...], unroll: int = 1
+    block: type[nn.Module],
+    num_layers: int,
+    in_axes: tuple[Any, ...],
+    unroll: int = 1,
+    remat: str = "none",
 ) -> type[nn.Module]:
     """Stacks `block` over a leading 'layers' axis with nn.scan (one compiled body for all layers).
 
     The block's __call__ is (carry, *xs) -> (carry, ys); `in_axes` says per argument after the
     carry whether it is broadcast (nn.broadcast) or sliced per layer (0, e.g. the KV cache).
-    `unroll` layers per loop iteration (`jax.lax.scan`'s): the parameters are the same either way.
+    `unroll` layers per loop iteration (`jax.lax.scan`'s) and `remat` (REMAT_POLICIES) leave
+    the parameters as they are.
     """
+    if check_remat(remat) != "none":
+        policy = None if remat == "full" else getattr(jax.checkpoint_policies, remat)
+        block = nn.remat(block, policy=policy, prevent_cse=False)
     return nn.scan(
         block,
         variable_axes={"params": 0},

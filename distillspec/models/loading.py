@@ -77,3 +77,19 @@ def load_checkpoint(path: str, **kwargs: Any) -> tuple[Any, Any]:
     if shardings is not None and not callable(shardings):
         shardings = (lambda tree: lambda model, shapes: tree)(shardings)
     return hf_interop.from_pretrained(path, shardings=shardings, **kwargs)
+
+
+def config_from_hf(hf_config: dict[str, Any], dtype: str = "float32") -> Any:
+    """The model config a Hugging Face config.json describes, read without its weights (a T5's
+    lm head is untied unless tie_word_embeddings says otherwise)."""
+    from distillspec.models import hf_interop
+
+    model_type = hf_config.get("model_type")
+    supported = hf_interop.SUPPORTED_MODEL_TYPES
+    if model_type not in supported:
+        raise ValueError(
+            f"model_type={model_type!r} is not supported; supported: {list(supported)}."
+        )
+    tied = hf_config.get("tie_word_embeddings", model_type != "t5")
+    names = set() if tied else {"lm_head.weight"}
+    return hf_interop._CONFIG_READERS[model_type](hf_config, names, dtype)

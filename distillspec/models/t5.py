@@ -41,8 +41,12 @@ class T5Config:
     scale_decoder_outputs: bool = False  # Decoder output * d**-0.5 before the head (original T5).
     dtype: str = "float32"  # Compute dtype, 'float32' or 'bfloat16'; params stay float32.
     cache_dtype: str | None = None  # Self-attention cache dtype when decoding; None: dtype.
+    # What a differentiated call keeps of each block for the backward pass
+    # (`layers.REMAT_POLICIES`: 'none', 'full' or a jax.checkpoint_policies name).
+    remat: str = "none"
 
     def __post_init__(self):
+        layers.check_remat(self.remat)
         check_positive(
             self, ("vocab_size", "embed_dim", "num_encoder_layers", "num_decoder_layers")
         )
@@ -144,7 +148,7 @@ class _Encoder(nn.Module):
         positions = jnp.arange(x.shape[1])[None]  # [1, Le]
         bias = _relative_bias(cfg, bidirectional=True)(positions, x.shape[1])
         stack = layers.scan_layers(
-            _EncoderBlock, cfg.num_encoder_layers, (nn.broadcast, nn.broadcast)
+            _EncoderBlock, cfg.num_encoder_layers, (nn.broadcast, nn.broadcast), remat=cfg.remat
         )
         x, _ = stack(cfg, name="layers")(x, mask[:, None, None, :], bias)
         return _norm(cfg, "final_norm")(x)
@@ -160,7 +164,7 @@ class _Decoder(nn.Module):
         bias = _relative_bias(cfg, bidirectional=False)(positions, key_length)
         self_mask = layers.causal_mask(positions, key_length)
         in_axes = (nn.broadcast,) * 5 + (0,)
-        stack = layers.scan_layers(_DecoderBlock, cfg.num_decoder_layers, in_axes)
+        stack = layers.scan_layers(_DecoderBlock, cfg.num_decoder_layers, in_axes, remat=cfg.remat)
         x, cache = stack(cfg, name="layers")(
             x, self_mask, bias, encoder_mask[:, None, None, :], positions, encoded, cache
         )
@@ -193,21 +197,34 @@ class T5Transformer(nn.Module):
 
     def decode(self, tokens, starts, key_length, encoder_mask, encoded, cache):
         """tokens [B, T] at positions starts[b] + i -> (logits [B, T, V] f32, cache)."""
+        x, cache = self.decode_features(tokens, starts, key_length, encoder_mask, encoded, cache)
+        return self.head(x), cache
+
+    def decode_features(self, tokens, starts, key_length, encoder_mask, encoded, cache):
+        """`decode` up to the head: (hidden states [B, T, E], cache)."""
         positions = starts[:, None] + jnp.arange(tokens.shape[1])
         x, cache = self.decoder(
             self.embed(tokens), positions, key_length, encoder_mask, encoded, cache
         )
         if self.config.scale_decoder_outputs:
             x = x * (self.config.embed_dim**-0.5)
+        return x, cache
+
+    def head(self, x: jax.Array) -> jax.Array:
+        """Hidden states [..., E] -> logits [..., V] float32."""
         logits = self.embed.attend(x) if self.config.tie_embeddings else self.lm_head(x)
-        return logits.astype(jnp.float32), cache
+        return logits.astype(jnp.float32)
 
     def __call__(self, encoder_tokens: jax.Array, decoder_tokens: jax.Array) -> jax.Array:
         """Teacher forcing: [B, Le], [B, L] -> logits [B, L, V] float32."""
+        return self.head(self.features(encoder_tokens, decoder_tokens))
+
+    def features(self, encoder_tokens: jax.Array, decoder_tokens: jax.Array) -> jax.Array:
+        """Teacher forcing up to the head: [B, Le], [B, L] -> hidden states [B, L, E]."""
         encoded, mask = self.encode(encoder_tokens)
         starts = jnp.zeros((decoder_tokens.shape[0],), jnp.int32)
-        logits, _ = self.decode(decoder_tokens, starts, decoder_tokens.shape[1], mask, encoded, {})
-        return logits
+        length = decoder_tokens.shape[1]
+        return self.decode_features(decoder_tokens, starts, length, mask, encoded, {})[0]
 
 
 class T5LM(FlaxModel):
@@ -244,12 +261,28 @@ class T5LM(FlaxModel):
         Returns:
           [B, L, V] (or [B, N, V]) float32 logits.
         """
-        logits = self.module.apply(
-            {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"]
-        )
+        return self.head(self.head_params(params), self.features(params, batch, positions))
+
+    def features(
+        self, params: Any, batch: dict[str, jax.Array], positions: jax.Array | None = None
+    ) -> jax.Array:
+        """`logits` before the head: decoder hidden states [B, L, E] (or [B, N, E])."""
+        x = self.module.apply(
+            {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+            method="features",
+        )  # fmt: skip
         if positions is None:  # (The packed T5 batch has no prompt positions to leave out.)
-            return logits
-        return jnp.take_along_axis(logits, positions[..., None], axis=1)
+            return x
+        return jnp.take_along_axis(x, positions[..., None], axis=1)
+
+    def head_params(self, params: Any) -> Any:
+        """The part of params the head reads (the tied embedding or the lm head)."""
+        name = "embed" if self.config.tie_embeddings else "lm_head"
+        return {name: params[name]}
+
+    def head(self, head_params: Any, x: jax.Array) -> jax.Array:
+        """Hidden states [..., E] -> logits [..., V] float32, from `head_params` alone."""
+        return self.module.apply({"params": head_params}, x, method="head")
 
     def prefill(
         self, params: Any, prompt_tokens: jax.Array, prompt_lengths: jax.Array, cache_length: int

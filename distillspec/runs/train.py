@@ -46,7 +46,7 @@ from distillspec import (
 from distillspec.evaluation import costs as call_costs
 from distillspec.feature_converters import prompt_batches, valid_rows
 from distillspec.models import load_checkpoint
-from distillspec.models.base import TruncatedVocabulary
+from distillspec.models.base import TruncatedVocabulary, for_decoding, with_remat
 from distillspec.models.drafts import DraftSpec, make_draft, num_params
 from distillspec.runs.common import check_models_serve, check_special_tokens, export, prompt_sets
 from distillspec.vocabularies import Tokenizer, load_tokenizer
@@ -307,6 +307,8 @@ def train(
     served_buffer: str | None = None,
     mesh_shape: tuple[int, int] = (1, 1),
     fsdp: bool = False,
+    student_remat: str = "none",
+    teacher_dtype: str = "float32",
     vocabulary: str | None = None,
     vocab_size: int | None = None,
     max_examples: int | None = None,
@@ -336,6 +338,10 @@ def train(
       mesh_shape: (data, model) device mesh over every process's devices; (1, 1): one device.
       fsdp: also split the teacher's, the student's and the optimizer state's parameters
         over the mesh's 'data' axis (FSDP style, `partitioning.FSDP_RULES`).
+      student_remat: what the student's blocks keep for the backward pass
+        (`models.layers.REMAT_POLICIES`: 'none', 'full', or a jax.checkpoint_policies name).
+      teacher_dtype: 'float32' or 'bfloat16': the frozen teacher's stored parameters and its
+        compute (it has no optimizer state, so bfloat16 halves its bytes).
       vocabulary: the tokenizer (`vocabularies.load_tokenizer`): 'sentencepiece', 'byte', a
         tokenizer.json / SentencePiece model path; None = the teacher's (else the student
         checkpoint's) tokenizer files, or the embedded 'sentencepiece' when there are none.
@@ -390,8 +396,8 @@ def _report_end(model_dir: str, started: float) -> None:
 def _train(
     model_dir, task, split, task_feature_lengths, student, student_checkpoint, teacher,
     teacher_checkpoint, teacher_seed, loop, loss, optimizer, mixture, evaluation, teacher_top_k,
-    teacher_cache_dir, served_buffer, mesh_shape, fsdp, vocabulary, vocab_size, max_examples,
-    tfds_data_dir, console, config_text,
+    teacher_cache_dir, served_buffer, mesh_shape, fsdp, student_remat, teacher_dtype, vocabulary,
+    vocab_size, max_examples, tfds_data_dir, console, config_text,
 ):  # fmt: skip
     started = time.monotonic()
     _check_run_args(max_examples, loop, mesh_shape)
@@ -411,6 +417,9 @@ def _train(
     student_model, params = _load_student(
         student, student_checkpoint, loop.seed, teacher_model, teacher_params
     )
+    student_model = with_remat(student_model, student_remat)
+    if teacher_model is not None and teacher_dtype != "float32":
+        teacher_model, teacher_params = for_decoding(teacher_model, teacher_params, teacher_dtype)
     vocab_size = common_vocab_size(student_model, teacher_model, vocab_size)
     _check_compatible(student_model, teacher_model, loss, tokenizer, mixture, vocab_size)
     name = tasks.register_task(
