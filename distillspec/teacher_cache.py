@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec import datagen
+from distillspec import datagen, heads
 from distillspec.vocabularies import default_cache_dir
 
 SUBDIR = "teacher_topk"
@@ -65,20 +65,27 @@ def _key(teacher, teacher_params, store: datagen.ExampleStore, top_k: int) -> st
 
 
 def compute(teacher, teacher_params, store, top_k: int, batch_size: int = 32) -> TeacherTopK:
-    pack = datagen.pack_for(teacher)
+    pack, head = datagen.pack_for(teacher), heads.head_of(teacher)
     n = store.completions.shape[1]
 
     @jax.jit
     def top(params, prompts, prompt_lengths, completions, completion_lengths):
         batch = pack(prompts, prompt_lengths, completions, completion_lengths)
         inputs = {k: v for k, v in batch.items() if k.endswith("_input_tokens")}
-        log_probs = jax.nn.log_softmax(teacher.logits(params, inputs).astype(jnp.float32))
+        hidden = head.features(params, inputs)  # [B, L, E]: no [B, L, V] logits (`heads`).
         if not teacher.encoder_decoder:  # Completion position j sits at p - 1 + j.
             start = prompt_lengths - 1
-            log_probs = jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, n, axis=0))(
-                log_probs, start
+            hidden = jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, n, axis=0))(
+                hidden, start
             )
-        values, ids = jax.lax.top_k(log_probs, top_k)
+        head_params = head.select(params)
+
+        def chunk(c):
+            logits = head.apply(head_params, c["hidden"]).astype(jnp.float32)
+            return jax.lax.top_k(jax.nn.log_softmax(logits), top_k)
+
+        size = heads.chunk_positions(hidden.shape[0], n, None, teacher.vocab_size)
+        values, ids = heads.map_chunks(chunk, {"hidden": hidden}, size)
         return values, ids, jnp.all(jnp.isfinite(values))
 
     parts = []

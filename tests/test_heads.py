@@ -10,8 +10,10 @@ model's proportions), at chunk sizes that do and do not divide the positions, an
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -24,7 +26,7 @@ import pytest
 from distillspec import heads, losses, trainer
 from distillspec import teacher_cache as cache
 from distillspec.models import DecoderOnlyLM, TransformerConfig
-from distillspec.models.base import TruncatedVocabulary
+from distillspec.models.base import TruncatedVocabulary, with_remat
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 40
@@ -177,3 +179,64 @@ def test_the_chunked_step_on_two_devices_equals_the_unchunked_step():
         timeout=600,
     )  # fmt: skip
     assert result.returncode == 0 and "MESH_OK" in result.stdout, result.stderr[-5000:]
+
+
+def vocabulary_arrays(hlo: str, vocab_size: int, tokens: int) -> list[str]:
+    """The arrays of a compiled program's text that have a vocab_size axis and at least
+    tokens x vocab_size elements (one whole [tokens, V] logits array or more)."""
+    found = set()
+    for dims in re.findall(r"\b(?:f|bf|s|u|pred)\d*\[([\d,]+)\]", hlo):
+        shape = [int(d) for d in dims.split(",")]
+        if vocab_size in shape and math.prod(shape) >= tokens * vocab_size:
+            found.add(str(shape))
+    return sorted(found)
+
+
+def _abstract(model):
+    return jax.eval_shape(model.init, jax.random.PRNGKey(0))
+
+
+def test_the_compiled_step_holds_no_tokens_by_vocabulary_array():
+    # V = 131,072 (Llama 3's order), 4 x 256 tokens: a default chunk is 128 tokens.
+    vocab, rows, length = 131_072, 4, 256
+    config = dict(embed_dim=16, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=8, mlp_dim=32)
+    teacher = DecoderOnlyLM(TransformerConfig(vocab_size=vocab, **config))
+    student = DecoderOnlyLM(TransformerConfig(vocab_size=vocab, tie_embeddings=True, **config))
+    optimizer = optax.adamw(1e-3)
+    params, teacher_params = _abstract(student), _abstract(teacher)
+    state = jax.eval_shape(lambda p: trainer.init_state(p, optimizer), params)
+    tokens = jax.ShapeDtypeStruct((rows, length), jnp.int32)
+    batch = {"decoder_input_tokens": tokens, "targets": tokens,
+             "weights": jax.ShapeDtypeStruct((rows, length), jnp.float32)}  # fmt: skip
+    for divergence in ("fkl", "jsd", "ce"):
+        loss = trainer.LossConfig(divergence=divergence)
+        frozen = None if divergence == "ce" else teacher
+        step = trainer.compile_train_step(student, frozen, loss, optimizer)
+        hlo = step.lower(state, None if frozen is None else teacher_params, batch).compile()
+        assert vocabulary_arrays(hlo.as_text(), vocab, rows * length) == [], divergence
+
+    def planted(params, teacher_params, batch):  # The step's loss as it was before chunking.
+        inputs = {"decoder_input_tokens": batch["decoder_input_tokens"]}
+        target = jax.lax.stop_gradient(teacher.logits(teacher_params, inputs))
+        objective = lambda p: losses.divergence(
+            student.logits(p, inputs), target, batch["weights"], "fkl"
+        )[0]  # fmt: skip
+        return jax.grad(objective)(params)
+
+    hlo = jax.jit(planted).lower(params, teacher_params, batch).compile().as_text()
+    assert vocabulary_arrays(hlo, vocab, rows * length)  # The rule catches an unchunked loss.
+
+
+@pytest.mark.parametrize("remat", ["full", "dots_with_no_batch_dims_saveable"])
+def test_rematerialised_student_blocks_give_the_same_step(remat, models):
+    params, teacher_params, _ = models
+    batch = make_batch()
+    want = chunked("jsd", params, teacher_params, None, batch, 9)
+    global STUDENT
+    plain, STUDENT = STUDENT, with_remat(STUDENT, remat)
+    try:
+        compare(want, chunked("jsd", params, teacher_params, None, batch, 9))
+    finally:
+        STUDENT = plain
+    with pytest.raises(ValueError, match="remat='some' is not valid; choose one of"):
+        with_remat(STUDENT, "some")

@@ -120,10 +120,18 @@ def _batch(model, rows: int, length: int) -> dict:
     return batch
 
 
-def _nbytes(tree) -> int:
+def _device_bytes(tree, shardings) -> int:
+    """Bytes one device holds of `tree` (ShapeDtypeStructs) placed on `shardings`."""
+    import math
+
     import jax
 
-    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+    if tree is None:
+        return 0
+    pieces = jax.tree.map(
+        lambda x, s: math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize, tree, shardings
+    )
+    return sum(jax.tree.leaves(pieces))
 
 
 def dry_run(args) -> dict:
@@ -170,11 +178,9 @@ def dry_run(args) -> dict:
     memory = compiled.memory_analysis()
     flops = jaxpr_flops(step.trace(state, teacher_params, batch).jaxpr)
     devices = args.mesh
-    param_bytes = _nbytes(params) // (devices if args.fsdp else 1)
-    optimizer_bytes = _nbytes(state.opt_state) // (devices if args.fsdp else 1)
-    teacher_bytes = (
-        0 if teacher is None else _nbytes(teacher_params) // (devices if args.fsdp else 1)
-    )
+    param_bytes = _device_bytes(params, state_shardings.params)
+    optimizer_bytes = _device_bytes(state.opt_state, state_shardings.opt_state)
+    teacher_bytes = _device_bytes(teacher_params, teacher_shardings)
     peak = (
         memory.argument_size_in_bytes + memory.output_size_in_bytes
         - memory.alias_size_in_bytes + memory.temp_size_in_bytes

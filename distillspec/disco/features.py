@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from distillspec import checks, datagen
+from distillspec import checks, datagen, heads
 from distillspec.checks import shared_vocab_size
 from distillspec.decoding import generate, lookahead
 from distillspec.evaluation.drafts import check_same_family
@@ -65,17 +65,26 @@ class Examples:
 def _features_fn(draft, top_k: int, vocab_size: int):
     """Jitted (params, packed batch, weights [B, L], completion [B, N]) -> (x [B, N, F], y)."""
 
+    head = heads.head_of(draft)
+
     def fn(params, batch, weights, completion):
-        logits = draft.logits(params, batch)  # [B, L, V]; position t predicts token t + 1.
         # The weighted positions of a row are the ones predicting completion tokens 0 .. n-1
         # (pack_teacher_forcing, either family): the first of them predicts token 0.
         offset = jnp.argmax(weights > 0, axis=1).astype(jnp.int32)
         n = jnp.arange(completion.shape[1], dtype=jnp.int32)
-        index = jnp.minimum(offset[:, None] + n, logits.shape[1] - 1)  # [B, N]
-        picked = jnp.take_along_axis(logits, index[..., None], axis=1)  # [B, N, V]
-        x = lookahead.features(picked, jnp.broadcast_to(n, index.shape), top_k, vocab_size)
-        guess = jnp.argmax(picked[..., :vocab_size], axis=-1)
-        return x, (guess == completion).astype(jnp.int32)
+        index = jnp.minimum(offset[:, None] + n, weights.shape[1] - 1)  # [B, N]
+        # Position t predicts token t + 1; the head runs on [B, N] chunks (no [B, L, V], `heads`).
+        chunked = {"hidden": head.features(params, batch, index), "completion": completion}
+        chunked["n"], head_params = jnp.broadcast_to(n, index.shape), head.select(params)
+
+        def chunk(c):
+            logits = head.apply(head_params, c["hidden"])  # [B, C, V]
+            x = lookahead.features(logits, c["n"], top_k, vocab_size)
+            guess = jnp.argmax(logits[..., :vocab_size], axis=-1)
+            return x, (guess == c["completion"]).astype(jnp.int32)
+
+        size = heads.chunk_positions(*index.shape, None, draft.vocab_size)
+        return heads.map_chunks(chunk, chunked, size)
 
     return jax.jit(fn)
 

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec import checks, datagen, losses
+from distillspec import checks, datagen, heads, losses
 from distillspec.checks import shared_vocab_size
 from distillspec.decoding import DecodeResult, generate, speculative_generate
 from distillspec.decoding.sampling import SamplingConfig, logits_to_probs
@@ -132,10 +132,24 @@ def tau_from_tvd(mean_tvd: float, gamma: int) -> float:
 def _tvd_fn(target, draft, sampling: SamplingConfig, vocab_size: int | None):
     """Jitted (target_params, draft_params, batch, weights [B, L]) -> (tvd sum, weight sum)."""
 
-    def tvd_sum(target_params, draft_params, batch, weights):
-        p = logits_to_probs(target.logits(target_params, batch), sampling, vocab_size)
-        q = logits_to_probs(draft.logits(draft_params, batch), sampling, vocab_size)
-        return jnp.sum(losses.tvd_of_probs(p, q) * weights), jnp.sum(weights)
+    target_head, draft_head = heads.head_of(target), heads.head_of(draft)
+
+    def tvd_sum(target_params, draft_params, batch, weights):  # Chunked: no [B, L, V] (`heads`).
+        chunked = {"target": target_head.features(target_params, batch), "weights": weights}
+        chunked["draft"] = draft_head.features(draft_params, batch)
+        target_head_params, draft_head_params = (
+            target_head.select(target_params), draft_head.select(draft_params)
+        )  # fmt: skip
+
+        def chunk(c):
+            p = logits_to_probs(target_head.apply(target_head_params, c["target"]), sampling,
+                                vocab_size)  # fmt: skip
+            q = logits_to_probs(draft_head.apply(draft_head_params, c["draft"]), sampling,
+                                vocab_size)  # fmt: skip
+            return jnp.sum(losses.tvd_of_probs(p, q) * c["weights"]), jnp.sum(c["weights"])
+
+        size = heads.chunk_positions(*weights.shape, None, target.vocab_size)
+        return heads.map_chunks(chunk, chunked, size)
 
     return jax.jit(tvd_sum)
 

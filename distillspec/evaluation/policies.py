@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from distillspec.decoding import DecodeResult, generate, speculative_generate
-from distillspec.decoding.lookahead import THRESHOLD_KINDS, Lookahead
+from distillspec.decoding.lookahead import THRESHOLD_KINDS, Lookahead, verify_widths
 from distillspec.decoding.sampling import SamplingConfig
 from distillspec.evaluation.drafts import mean_tvd
 from distillspec.evaluation.timing import (
@@ -119,6 +119,77 @@ def priced(fields: Mapping[str, Any], lookahead: Lookahead | None, costs) -> flo
         lookahead, fields["sl_histogram"], fields["draft_calls"], fields["tokens"], costs,
         fields["runs"], fields["width_switches"],
     )  # fmt: skip
+
+
+def static_round_ms(
+    measured: Mapping[str, Mapping[str, Any]], policies: Mapping[str, Lookahead],
+    costs: Mapping[str, Any],
+) -> dict[int, float]:  # fmt: skip
+    """{d: ms of one round of d drafts} measured in real runs, not modeled: each static SL-d
+    policy's measured time (`measure_policies`' prompt_seconds) less each run's fixed part
+    (costs['fixed'], `timing.call_costs`: prefill, dispatch, output), over its rounds
+    (sum of its sl_histogram); d = 0 is a plain step, from the target alone's runs."""
+    out = {}
+
+    def per_round(fields, fixed_ms):
+        rounds = max(int(np.sum(fields["sl_histogram"])), int(fields["target_calls"]), 1)
+        return (1e3 * sum(fields["prompt_seconds"]) - fields["runs"] * fixed_ms) / rounds
+
+    if TARGET_POLICY in measured:
+        plain = measured[TARGET_POLICY]
+        out[0] = per_round(
+            {**plain, "sl_histogram": [plain["target_calls"]]}, costs["fixed"]["plain"]
+        )
+    for name, policy in policies.items():
+        if policy.kind == "static" and name == f"static-{policy.sl_max}":  # Not static-opt.
+            out[policy.sl_max] = per_round(measured[name], costs["fixed"]["static"])
+    return out
+
+
+def _static_round(drafts: int, width: int, round_ms: Mapping[int, float], costs) -> float:
+    """ms of a static round of `drafts` drafts verified at `width`: the measured one
+    (`static_round_ms`) where its width is drafts + 1, else the nearest measured smaller round
+    plus the missing draft calls and the target call's difference in width (`timing.call_costs`'
+    in-context draft and target calls)."""
+    target, draft = costs["target"], costs["draft"]
+    if width == drafts + 1 and drafts in round_ms:
+        return round_ms[drafts]
+    base = max(k for k in round_ms if k <= drafts and k + 1 in target)
+    more = (drafts - base) * draft[1] + (draft[2] - draft[1] if base == 0 else 0.0)
+    return round_ms[base] + more + target[width] - target[base + 1]
+
+
+def static_priced_rounds_ms(fields: Mapping[str, Any], policy: Lookahead,
+                            round_ms: Mapping[int, float], costs) -> float:  # fmt: skip
+    """ms of a policy's rounds (its runs' sl_histogram) had each cost a static round of the same
+    draft count and verify width (`_static_round`), plus the draft calls a static round of
+    that count does not make (an oracle's mismatching draft, a rule's dropped last draft:
+    draft_calls - sum_d d x rounds(d); a round of 0 drafts still made the round's first,
+    2-position draft call)."""
+    hist = [int(n) for n in fields["sl_histogram"]]
+    widths = verify_widths(policy)
+    total = 0.0
+    for drafts, rounds in enumerate(hist):
+        if rounds:
+            width = min(w for w in widths if w >= drafts + 1)
+            total += rounds * _static_round(drafts, width, round_ms, costs)
+    extra = int(fields["draft_calls"]) - sum(d * n for d, n in enumerate(hist))
+    first = min(hist[0], max(extra, 0))
+    return total + first * costs["draft"][2] + (extra - first) * costs["draft"][1]
+
+
+def round_overhead_pct(fields: Mapping[str, Any], policy: Lookahead,
+                       round_ms: Mapping[int, float], costs) -> float:  # fmt: skip
+    """How much more (%) a policy's rounds took than static rounds of the same draft counts and
+    verify widths measured in the same runs: 100 x (measured - priced) / priced, where measured
+    is its runs' time less each run's fixed part (the static loop's, costs['fixed']['static'],
+    so that a dynamic program's dearer prefill or dispatch counts too) and priced is
+    `static_priced_rounds_ms`. Model-free: every price but a missing draft call (and a width
+    above the widest static run) is a measured static round. ~0 for a static policy priced from
+    its own runs; static-opt, a second run of a static SL-k, shows the timing's noise."""
+    priced = static_priced_rounds_ms(fields, policy, round_ms, costs)
+    measured = 1e3 * sum(fields["prompt_seconds"]) - fields["runs"] * costs["fixed"]["static"]
+    return 100.0 * (measured - priced) / max(priced, 1e-12)
 
 
 def measure_policies(

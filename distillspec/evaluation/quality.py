@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from sacrebleu.metrics import CHRF
 
-from distillspec import datagen, losses
+from distillspec import datagen, heads, losses
 from distillspec.decoding import generate
 from distillspec.decoding.sampling import SamplingConfig
 from distillspec.feature_converters import valid_rows
@@ -42,8 +42,18 @@ from distillspec.models.base import TruncatedVocabulary
 def _nll_fn(model):
     """Jitted (params, batch, targets [B, L], weights [B, L]) -> (nll sum, weight sum)."""
 
-    def nll(params, batch, targets, weights):
-        return losses.cross_entropy(model.logits(params, batch), targets, weights)
+    head = heads.head_of(model)
+
+    def nll(params, batch, targets, weights):  # Chunk by chunk: no [B, L, V] logits (`heads`).
+        head_params, chunked = head.select(params), {"targets": targets, "weights": weights}
+        chunked["hidden"] = head.features(params, batch)
+        size = heads.chunk_positions(*targets.shape, None, model.vocab_size)
+        return heads.map_chunks(
+            lambda c: losses.cross_entropy(
+                head.apply(head_params, c["hidden"]), c["targets"], c["weights"]
+            ),
+            chunked, size,
+        )  # fmt: skip
 
     return jax.jit(nll)
 
