@@ -36,6 +36,7 @@ from distillspec.checks import check_finite, check_finite_params
 from distillspec.decoding import speculative_generate
 from distillspec.decoding.sampling import SamplingConfig
 from distillspec.feature_converters import decodable, valid_rows
+from distillspec.models.layers import activation_mesh
 from distillspec.optimizers import (  # noqa: F401 (trainer.OptimizerConfig is the gin name)
     OPTIMIZERS,
     OptimizerConfig,
@@ -201,7 +202,15 @@ def compile_train_step(
     out = None
     if state_shardings is not None or mesh is not None:
         out = (state_shardings, partitioning.replicated(mesh) if mesh is not None else None)
+    if mesh is not None:  # The models keep their activations' rows split over 'data'.
+        step = functools.partial(_on_mesh, step, mesh)
     return jax.jit(step, donate_argnums=0, out_shardings=out)
+
+
+def _on_mesh(step, mesh, *args):
+    """step(*args) traced with activations' rows on the mesh (`layers.constrain_rows`)."""
+    with activation_mesh(mesh):
+        return step(*args)
 
 
 def host_metrics(metrics: dict, learning_rate: float, seconds: float) -> dict:

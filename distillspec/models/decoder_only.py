@@ -131,7 +131,7 @@ class _Block(nn.Module):
             cfg.mlp_dim, cfg.embed_dim, cfg.activation, cfg.gated_mlp, cfg.mlp_bias, dtype,
             kernel_init=init, name="mlp",
         )  # fmt: skip
-        return x + mlp(norm(name="mlp_norm")(x)), cache
+        return layers.constrain_rows(x + mlp(norm(name="mlp_norm")(x))), cache
 
 
 _LAYER_IN_AXES = (nn.broadcast, nn.broadcast, 0)  # mask, positions broadcast; the cache per layer.
@@ -190,7 +190,7 @@ class DecoderOnlyTransformer(nn.Module):
         x = self.embed(tokens)
         if self.config.position_embedding == "learned":
             x = x + self.pos_embed(positions)
-        x, entries = self._run_layers(x, mask, positions, cache)
+        x, entries = self._run_layers(layers.constrain_rows(x), mask, positions, cache)
         if select is not None:  # The head and what follows it only where they are needed.
             x = jnp.take_along_axis(x, select[..., None], axis=1)
         return self.final_norm(x), entries
