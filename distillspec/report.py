@@ -7,6 +7,7 @@
         [--disco_trained_json runs/benchmarks/disco_trained.json]
         [--train_step_json runs/benchmarks/train_step.json]
         [--versus_trl_json runs/benchmarks/versus_trl.json] [--plan runs/plan]
+        [--memory_json runs/benchmarks/memory_recipes.json]
         [--online runs/online]
 
 Each flag points at one input; its default is where the documented command writes it. A page is
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--disco_trained_json", default="runs/benchmarks/disco_trained.json")
     add("--train_step_json", default="runs/benchmarks/train_step.json")
     add("--versus_trl_json", default="runs/benchmarks/versus_trl.json")
+    add("--memory_json", default="runs/benchmarks/memory_recipes.json")
     add("--plan", default="runs/plan", help="python -m distillspec.plan --validate's OUTPUT_DIR")
     add("--online", default="runs/online", help="python -m distillspec.online's OUTPUT_DIR")
     return parser
@@ -363,6 +365,38 @@ def versus_trl_page(args: argparse.Namespace, out_dir: str) -> str | None:
     return _record_page(args.versus_trl_json)
 
 
+def memory_page(args: argparse.Namespace, out_dir: str) -> str | None:
+    """Per recipe and mesh: the cheapest setting that fits and the tokens per device it fits."""
+    result = _json(args.memory_json)
+    if not result:
+        return None
+    gb = lambda n: f"{n / 1e9:.1f}"
+    rows = []
+    for row in result["rows"]:
+        r = row["result"]
+        rows.append({
+            "recipe": row["recipe"], "mesh": row["mesh"], "row": row["role"],
+            "fits": "yes" if row["fits"] else "no",
+            "tokens per device": row["tokens_per_device"], "teacher": row["teacher_dtype"],
+            "FSDP": "yes" if row["fsdp"] else "no", "student remat": row["remat"],
+            "peak GB per chip": gb(r["peak_bytes_per_device"]), "of which temporaries": gb(
+                r["temp_bytes"]), "student + optimizer + teacher GB": " + ".join(
+                gb(r[k]) for k in ("param_bytes", "optimizer_bytes", "teacher_bytes")),
+            f"step s at {r['mfu']:.0%} MFU": f"{r['projected_step_s'][row['accelerator']]:.2f}",
+            "dry run s": f"{row['recipe_seconds']:.0f}",
+        })  # fmt: skip
+    return (
+        f"Result: `{args.memory_json}` (divergence {result['divergence']}, AdamW, per chip). "
+        "Per mesh, 'cheapest' is the first setting, cheapest first (float32 teacher; bfloat16 "
+        "teacher; + FSDP; + remat of the matmul outputs; + full remat), whose compiled step fits "
+        "the chip's memory at 4,096 tokens per device (2,048 x 2 for the 2,048-token recipes), "
+        "with the most tokens per device (doubling, up to 32,768) it still fits; 'most tokens' "
+        "is the same doubling at the last setting. A row that fits nothing shows the 4,096-token "
+        "step. 'dry run s' is the recipe's whole search on this machine.\n\n"
+        + tables.to_markdown(rows)
+    )
+
+
 def _copy_figure(run_dir: str, name: str, out_dir: str) -> bool:
     """Copies run_dir/name beside the pages, if the run wrote it."""
     path = os.path.join(run_dir, name)
@@ -445,6 +479,12 @@ PAGES = (
         "prompts and recipe, one process)",
         "python scripts/versus_trl.py --json runs/benchmarks/versus_trl.json",
         versus_trl_page,
+    ),
+    Page(
+        "memory.md",
+        "Will my run fit? The distillation step's memory for three real recipes on three meshes",
+        "python -m distillspec.benchmarks.memory_recipes",
+        memory_page,
     ),
     Page(
         "plan.md",

@@ -49,7 +49,7 @@ def _argv(tmp_path, *extra):
         "--study", missing, "--speculative_json", f"{missing}.json",
         "--disco_json", f"{missing}.json", "--disco_trained_json", f"{missing}.json",
         "--train_step_json", f"{missing}.json", "--versus_trl_json", f"{missing}.json",
-        "--plan", missing, "--online", missing, *extra,
+        "--memory_json", f"{missing}.json", "--plan", missing, "--online", missing, *extra,
     ]  # fmt: skip
 
 
@@ -59,7 +59,8 @@ def test_pages_only_for_inputs_that_exist_and_an_index_of_all(tmp_path):
     assert written == {
         "quickstart.md": True, "seeds.md": False, "disco.md": True, "study.md": False,
         "speculative.md": False, "disco_benchmark.md": False, "disco_trained.md": False,
-        "train_step.md": False, "versus_trl.md": False, "plan.md": False, "online.md": False,
+        "train_step.md": False, "versus_trl.md": False, "memory.md": False, "plan.md": False,
+        "online.md": False,
     }  # fmt: skip
     out = tmp_path / "results"
     assert sorted(p.name for p in out.iterdir()) == [
@@ -71,7 +72,7 @@ def test_pages_only_for_inputs_that_exist_and_an_index_of_all(tmp_path):
         assert page.title in index and page.producer in index
     assert "[The main job: Table C.1 and quality](quickstart.md)" in index
     assert "| Benchmark: where a distillation step's time goes |" in index  # Not linked.
-    assert index.count("no: input not found") == 9
+    assert index.count("no: input not found") == 10
 
 
 def test_a_page_is_stamped_and_shows_the_records_figures(tmp_path):
@@ -223,3 +224,19 @@ def test_the_plan_page_puts_predicted_against_measured(tmp_path):
     page = (tmp_path / "results" / "plan.md").read_text()
     assert "Spearman (predicted against measured ranking): **0.50**" in page
     assert "| a | 1.50x (3) | 1.20x (3) | +25.0% | 1.20x | 2.00 ± 0.10 |" in page
+
+
+def test_the_memory_page_shows_each_recipe_and_mesh_with_its_settings(tmp_path):
+    figures = {"peak_bytes_per_device": 14.2e9, "temp_bytes": 8.1e9, "param_bytes": 0.6e9,
+               "optimizer_bytes": 1.2e9, "teacher_bytes": 2.0e9, "mfu": 0.4,
+               "projected_step_s": {"h100-80gb": 0.5}}  # fmt: skip
+    row = {"recipe": "Llama", "mesh": "8 x H100", "role": "most tokens", "chips": 8,
+           "accelerator": "h100-80gb", "teacher_dtype": "bfloat16", "fsdp": True,
+           "remat": "full", "fits": True, "tokens_per_device": 16384, "result": figures,
+           "recipe_seconds": 66.0}  # fmt: skip
+    path = tmp_path / "memory.json"
+    path.write_text(json.dumps({"divergence": "jsd", "rows": [row]}))
+    assert report.main(_argv(tmp_path, "--memory_json", str(path)))["memory.md"]
+    page = (tmp_path / "results" / "memory.md").read_text()
+    want = "| Llama | 8 x H100 | most tokens | yes | 16384 | bfloat16 | yes | full | 14.2 | 8.1 |"
+    assert want in page and "0.6 + 1.2 + 2.0 | 0.50 | 66 |" in page and "divergence jsd" in page

@@ -107,7 +107,7 @@ class _EncoderBlock(nn.Module):
             _norm(cfg, "attn_norm")(x), mask, positions, None, bias
         )
         x = x + h
-        return x + _mlp(cfg)(_norm(cfg, "mlp_norm")(x)), None
+        return layers.constrain_rows(x + _mlp(cfg)(_norm(cfg, "mlp_norm")(x))), None
 
 
 class _DecoderBlock(nn.Module):
@@ -135,7 +135,7 @@ class _DecoderBlock(nn.Module):
         kv = cache["cross"] if "cross" in cache else cross.project_kv(encoded)
         x = x + cross.cross_attention(_norm(cfg, "cross_attn_norm")(x), cross_mask, kv)
         x = x + _mlp(cfg)(_norm(cfg, "mlp_norm")(x))
-        return x, ({"self": self_cache, "cross": kv} if cache else {})
+        return layers.constrain_rows(x), ({"self": self_cache, "cross": kv} if cache else {})
 
 
 class _Encoder(nn.Module):
