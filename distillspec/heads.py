@@ -91,8 +91,8 @@ def _scan(body, carry, xs):
 def map_chunks(fn: Callable[[dict], Any], chunked: dict, size: int) -> Any:
     """fn applied to chunks of `size` positions of every [B, N, ...] array in `chunked` (zero
     past N in the last chunk); fn's outputs are [B, size, ...] arrays (merged back to
-    [B, N, ...]) or scalars (summed over chunks). No gradient flows through the scan's
-    recomputation: use `chunked_sums` for a loss."""
+    [B, N, ...]) or scalars (summed over chunks). For values only: a loss to differentiate
+    goes through `chunked_sums`."""
     length = next(iter(chunked.values())).shape[1]
     pieces = _scan(
         lambda _, x: (None, fn(x)), None, {k: _split(v, size) for k, v in chunked.items()}

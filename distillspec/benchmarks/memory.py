@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--chunk_tokens", type=int, default=None, help="tokens per loss chunk (default: by V)")
     add("--mfu", type=float, default=0.4, help="model FLOPs utilisation of the projected time")
     add("--run_steps", type=int, default=0, help="also run K real steps here (small shapes)")
-    add("--time_pairs", type=int, default=0, help="also time P chunked/unchunked step pairs here")
+    add("--time_pairs", type=int, default=0, help="also time P step pairs against --baseline")
+    add("--baseline", default="unchunked", choices=("unchunked", "no_remat", "float32_teacher"))
     add("--json", default=None, help="write the result here")
     return parser
 
@@ -269,17 +270,28 @@ def run_steps(args, steps: int) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def time_against_unchunked(args, pairs: int) -> dict:
-    """Median seconds of the recipe's step at its chunk size and at one chunk of every token
-    (the unchunked program), interleaved over `pairs` pairs after a compiling call each."""
+# --time_pairs' baselines: the recipe with one of its settings undone.
+BASELINES = {
+    "unchunked": {"chunk_tokens": None},  # One chunk of every token (set below).
+    "no_remat": {"remat": "none"},
+    "float32_teacher": {"teacher_dtype": "float32"},
+}
+
+
+def time_against_baseline(args, pairs: int) -> dict:
+    """Median seconds of the recipe's step and of its `--baseline` (the recipe with a setting
+    undone: 'unchunked' is one chunk of every token), interleaved over `pairs` pairs after a
+    compiling call each, and the median of the pairs' ratios."""
     import statistics
 
     import jax
 
+    baseline = argparse.Namespace(**{**vars(args), **BASELINES[args.baseline]})
+    if args.baseline == "unchunked":
+        baseline.chunk_tokens = args.tokens_per_device
     runs = {}
-    for name, chunk in (("chunked", args.chunk_tokens), ("unchunked", args.tokens_per_device)):
-        step, state, teacher_params, batch = _real_step(args, chunk)
-        runs[name] = [step, state, teacher_params, batch]
+    for name, recipe in (("recipe", args), ("baseline", baseline)):
+        runs[name] = list(_real_step(recipe, recipe.chunk_tokens))
     times = {name: [] for name in runs}
     for i in range(pairs + 1):
         for name, run in runs.items():
@@ -288,11 +300,11 @@ def time_against_unchunked(args, pairs: int) -> dict:
             jax.block_until_ready(metrics)
             if i:  # The first call compiles.
                 times[name].append(time.perf_counter() - started)
-    ratios = [a / b for a, b in zip(times["chunked"], times["unchunked"])]
+    ratios = [a / b for a, b in zip(times["recipe"], times["baseline"])]
     return {
-        "chunked_step_s": statistics.median(times["chunked"]),
-        "unchunked_step_s": statistics.median(times["unchunked"]),
-        "chunked_over_unchunked": statistics.median(ratios),
+        "step_s": statistics.median(times["recipe"]),
+        f"{args.baseline}_step_s": statistics.median(times["baseline"]),
+        f"over_{args.baseline}": statistics.median(ratios),
         "timed_pairs": pairs,
     }
 
@@ -309,7 +321,7 @@ def main(argv=None) -> dict:
     if args.run_steps:
         result["measured_peak_rss_bytes"] = run_steps(args, args.run_steps)
     if args.time_pairs:
-        result.update(time_against_unchunked(args, args.time_pairs))
+        result.update(time_against_baseline(args, args.time_pairs))
     text = json.dumps(result, indent=1, sort_keys=True)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
