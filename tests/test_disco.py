@@ -580,3 +580,18 @@ def test_disco_run_tunes_for_a_cost_profile(tmp_path):
     assert config.profile == {"target_ms": {1: 2.0, 9: 2.4}, "draft_ms": {1: 0.1}}
     with pytest.raises(ValueError, match="missing.json' not found: write one with"):
         _run(tmp_path, cost_profile=str(tmp_path / "missing.json"))
+
+
+def test_the_oracle_cap_is_tuned_on_its_grid():
+    """With an oracle_sl_max_grid the oracle is a rule of the grid: its cap with the lowest
+    modeled latency is chosen, as the other rules' SL_max are; without one it is not tuned."""
+    from distillspec.disco.tuning import choose, tuning_grid
+
+    args = ((1, 2), (4,), (0.5,), (True,), (0.5,), ("draft",))
+    assert "oracle" not in tuning_grid(*args)
+    rules = tuning_grid(*args, oracle_sl_max_grid=(4, 8, 16))
+    assert rules["oracle"] == {f"oracle@{n}": Lookahead("oracle", n) for n in (4, 8, 16)}
+    modeled = {label: 10.0 for configs in rules.values() for label in configs}
+    modeled.update({"oracle@4": 9.0, "oracle@8": 7.5, "oracle@16": 8.0})
+    assert choose(rules, modeled)["oracle"] == {"sl_max": 8}
+    assert "oracle" not in choose(tuning_grid(*args), modeled)

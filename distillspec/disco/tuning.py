@@ -94,11 +94,13 @@ class TuningConfig:
 def tuning_grid(
     static_sl: Sequence[int], sl_max_grid: Sequence[int], threshold_grid: Sequence[float],
     keep_last_grid: Sequence[bool], cumulative_threshold_grid: Sequence[float],
-    cumulative_sources: Sequence[str],
+    cumulative_sources: Sequence[str], oracle_sl_max_grid: Sequence[int] = (),
 ) -> dict[str, dict[str, lookahead.Lookahead]]:  # fmt: skip
     """{rule: {label: Lookahead}} of every configuration `tune_policies` times: 'static'
-    ('static-<k>'), 'confidence' and 'disco' ('<kind>@<sl_max>/<threshold>/<keep|drop>') and
-    'cumulative' ('cumulative-<source>@<sl_max>/<threshold>/<keep|drop>')."""
+    ('static-<k>'), 'confidence' and 'disco' ('<kind>@<sl_max>/<threshold>/<keep|drop>'),
+    'cumulative' ('cumulative-<source>@<sl_max>/<threshold>/<keep|drop>') and, with an
+    oracle_sl_max_grid, 'oracle' ('oracle@<sl_max>': its cap is tuned as the rules' are; a cap
+    past what the target verifies cheaply pays for wide verify calls)."""
     keep = lambda k: "keep" if k else "drop"
     grid = {"static": {f"static-{k}": lookahead.Lookahead("static", k) for k in static_sl}}
     for kind in ("confidence", "disco"):
@@ -115,6 +117,10 @@ def tuning_grid(
             check_thresholds("cumulative_threshold_grid", cumulative_threshold_grid),
         )
     }  # fmt: skip
+    if oracle_sl_max_grid:
+        grid["oracle"] = {
+            f"oracle@{n}": lookahead.Lookahead("oracle", n) for n in oracle_sl_max_grid
+        }
     return grid
 
 
@@ -126,6 +132,7 @@ def tune_policies(
     cumulative_sources: Sequence[str] = lookahead.SOURCES, max_new_tokens: int,
     eos_id: int | None, vocab_size: int | None = None, timing_repeats: int = 1,
     profile: dict[str, Any] | None = None, keep_counts: bool = False,
+    oracle_sl_max_grid: Sequence[int] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """DISCO App. E: the static SL, and threshold, SL_max (and keep_last) of the confidence,
     DISCO and cumulative rules (and the cumulative rule's source), with the lowest latency per
@@ -135,15 +142,20 @@ def tune_policies(
     machine (measured wall-clock latencies are kept beside it); or, with `profile` (a cost
     profile of the machine the pair will serve on, `costs.load_profile`), priced at its costs.
 
+    With oracle_sl_max_grid, the oracle's cap too (the oracle's runs get the target's greedy
+    output as their reference).
+
     Returns:
       {'static_opt': k, 'confidence': {'threshold', 'sl_max', 'keep_last'}, 'disco': {...},
-       'cumulative': {'threshold', 'sl_max', 'keep_last', 'source'},
+       'cumulative': {'threshold', 'sl_max', 'keep_last', 'source'}, with oracle_sl_max_grid
+       'oracle': {'sl_max'},
        'latency_ms': {policy label: ms per token}} (labels as in `tuning_grid`); with
       keep_counts also 'counts': {label: its counted calls (`policies.COUNT_KEYS`)}, to price
       the same runs at other costs.
     """
     rules = tuning_grid(static_sl, sl_max_grid, threshold_grid, keep_last_grid,
-                        cumulative_threshold_grid, cumulative_sources)  # fmt: skip
+                        cumulative_threshold_grid, cumulative_sources,
+                        oracle_sl_max_grid)  # fmt: skip
     grid = {label: policy for configs in rules.values() for label, policy in configs.items()}
     cost_timers = call_cost_timers(
         target, target_params, draft, draft_params, prompts[0], grid.values(),
@@ -182,7 +194,8 @@ def choose(
     rules: dict[str, dict[str, lookahead.Lookahead]], modeled: dict[str, float]
 ) -> dict[str, Any]:
     """Per rule of `tuning_grid`, the configuration with the lowest modeled latency:
-    {'static_opt': k, 'confidence' / 'disco' / 'cumulative': its settings}."""
+    {'static_opt': k, 'confidence' / 'disco' / 'cumulative': its settings[, 'oracle':
+    {'sl_max'}]}."""
     labels = best_labels(rules, modeled)
     out: dict[str, Any] = {"static_opt": rules["static"][labels["static"]].sl_max}
     for kind in ("confidence", "disco", "cumulative"):
@@ -194,4 +207,6 @@ def choose(
         }
         if chosen.source is not None:
             out[kind]["source"] = chosen.source
+    if "oracle" in rules:
+        out["oracle"] = {"sl_max": rules["oracle"][labels["oracle"]].sl_max}
     return out
