@@ -447,6 +447,7 @@ def test_disco_benchmark_on_a_tiny_trained_pair(tmp_path):
         "--test_prompts", "2", "--prompt_length", "16", "--max_new_tokens", "4",
         "--static_sl", "1", "2", "--sl_max_grid", "2", "--threshold_grid", "0.5",
         "--cumulative_threshold_grid", "0.5", "--oracle_sl_max", "4", "--timing_repeats", "1",
+        "--oracle_sl_max_grid", "2", "4",
     ]  # fmt: skip
     profile = disco_bench.main(pair + ["--write_profile", str(tmp_path / "profile.json")])
     assert set(profile["target_ms"]) == {1, 2, 3, 4, 5} and set(profile["draft_ms"]) == {1, 2}
@@ -468,6 +469,17 @@ def test_disco_benchmark_on_a_tiny_trained_pair(tmp_path):
     for key in ("disco", "cumulative", "oracle"):
         assert isinstance(result[f"{key}_vs_static_opt_pct"], float)
     assert result["cumulative"]["source"] in ("classifier", "draft")
+    # The oracle's cap tuned on the grid, every cap measured; the model-free check of every
+    # dynamic policy's rounds (and of static-opt, the noise) reported per policy.
+    assert result["oracle_best_sl_max"] in (2, 4)
+    assert set(result["oracle_sl_max_latency_ms"]) == {2, 4}
+    assert {"oracle-2", "oracle-4"} <= set(result["policies"])
+    assert set(result["round_overhead_pct"]) == {
+        "static-opt", "heuristic", "confidence", "disco", "cumulative", "oracle", "oracle-2",
+        "oracle-4",
+    }  # fmt: skip
+    assert all(math.isfinite(v) for v in result["round_overhead_pct"].values())
+    assert result["oracle_round_overhead_pct"] == result["round_overhead_pct"]["oracle"]
     # Measured, not checked for size: a tiny pair's call costs are differences of timings under
     # load, noise that can come out 0 or below.
     assert all(math.isfinite(result[key]) for key in ("c", "r_gamma"))

@@ -24,6 +24,15 @@ the headline ratios `disco_vs_static_opt_pct`, `cumulative_vs_static_opt_pct` an
 and the pair's measured `c` (a draft step in the loop's context / a target call) and `r_gamma`
 (a target call scoring static SL-opt + 1 positions / scoring 1; `pair_costs`).
 
+`round_overhead_pct` (policy -> %, and `<policy>_round_overhead_pct` each) is the model-free
+check of the decoder: each dynamic policy's measured time against the sum over its rounds of
+the measured cost of a static round of the same draft count and verify width, from its
+sl_histogram and the static SL-k runs of the same test prompts
+(`evaluation.policies.round_overhead_pct`); static-opt's, a second static run priced from the
+first, shows the timing's noise. The oracle's cap is tuned on the validation prompts over
+--oracle_sl_max_grid (`oracle_best_sl_max`; 'oracle' runs at it) and every cap of the grid and
+--oracle_sl_max is measured beside it ('oracle-<cap>', `oracle_sl_max_latency_ms`).
+
 --pair trained (after python -m distillspec.quickstart) runs the same pipeline on a trained pair:
 the main job's trained target padded with blocks whose residual output projections are zero
 (logits bit-identical to the trained target's; `padded_target`) to >= --target_mb MB of
@@ -49,7 +58,7 @@ from distillspec.benchmarks.padded_target import (
     trained_pair,
 )
 from distillspec.benchmarks.speculative import TARGET, reference_pair
-from distillspec.decoding.lookahead import SOURCES, verify_widths
+from distillspec.decoding.lookahead import SOURCES, Lookahead, verify_widths
 from distillspec.disco.classifier import best_static_sl, classifier_f1, train_classifier
 from distillspec.disco.features import extract_features
 from distillspec.disco.tuning import (
@@ -59,11 +68,16 @@ from distillspec.disco.tuning import (
     tuning_grid,
 )
 from distillspec.evaluation import costs as cost_profiles
-from distillspec.evaluation.policies import measure_policies, priced, resolve_policies
+from distillspec.evaluation.policies import (
+    measure_policies,
+    priced,
+    resolve_policies,
+    round_overhead_pct,
+    static_round_ms,
+)
 from distillspec.evaluation.timing import (
     call_cost_timers,
     megabytes,
-    program_key,
     repeats_interval,
     until_timed,
 )
@@ -134,7 +148,8 @@ def modeled_sweep(rules, fixed, valid_counts, test_counts, cs=SWEEP_C, rs=SWEEP_
             price = lambda counts, n, costs=costs: priced(counts[n], policies[n], costs)
             labels = best_labels(rules, {n: price(valid_counts, n) for n in grid})
             chosen = {"static-opt": labels["static"], **{n: n for n in fixed}}
-            chosen.update({k: labels[k] for k in ("confidence", "disco", "cumulative")})
+            tuned = ("confidence", "disco", "cumulative", "oracle")
+            chosen.update({k: labels[k] for k in tuned if k in labels})
             opt = price(test_counts, chosen["static-opt"])
             row = {"c": c, "r_gamma": r, "static_opt": policies[chosen["static-opt"]].sl_max}
             for name in SWEEP_POLICIES:
@@ -144,22 +159,23 @@ def modeled_sweep(rules, fixed, valid_counts, test_counts, cs=SWEEP_C, rs=SWEEP_
     return rows
 
 
-def own_work_ms(policy, measured: dict, costs: dict) -> float:
-    """The decoder's own work per round (ms) of a policy's test runs, outside its model calls:
-    its program's fitted terms (`timing.call_costs`: per round, per draft call, per switch of
-    verify width) at the runs' counts; the plain target's per step."""
-    rounds = max(int(measured["target_calls"]), 1)
-    if policy is None:
-        return costs["round"]
-    key = program_key(policy)
-    work = costs["spec_round"][key] * rounds + costs["per_draft"][key] * measured["draft_calls"]
-    return (work + costs["switch"][key] * measured.get("width_switches", 0)) / rounds
+def round_overheads(measured, policies, costs) -> dict[str, float]:
+    """{policy: `policies.round_overhead_pct`} of every dynamic policy and of static-opt (a
+    second run of a static SL-k, priced from the first: the timing's noise), their rounds priced
+    at the static rounds measured in the same runs (`policies.static_round_ms`)."""
+    round_ms = static_round_ms(measured, policies, costs)
+    names = [n for n, p in policies.items() if p.kind != "static" or n == "static-opt"]
+    return {
+        name: round(round_overhead_pct(measured[name], policies[name], round_ms, costs), 2)
+        for name in names
+    }
 
 
 def _result(measured, tuning, costs, classifier, valid_examples, examples, args,
             policies) -> dict:  # fmt: skip
     """The JSON result: headline ratios, tuning, F1, call costs and per-policy figures."""
     static_k, static_f1 = best_static_sl(valid_examples)
+    overheads = round_overheads(measured, policies, costs)
 
     def reduction(name, key="latency_ms"):
         return round(reduction_pct(measured["static-opt"][key], measured[name][key]), 2)
@@ -173,6 +189,17 @@ def _result(measured, tuning, costs, classifier, valid_examples, examples, args,
         },
         "all_exact": all(m["exact"] for m in measured.values()),
         "static_opt": tuning["static_opt"],
+        "oracle_best_sl_max": tuning["oracle"]["sl_max"],
+        "oracle_sl_max_latency_ms": {
+            int(n[7:]): round(m["latency_ms"], 4)
+            for n, m in measured.items()
+            if n.startswith("oracle-")
+        },  # fmt: skip
+        **{
+            f"{n.replace('-', '_')}_vs_static_opt_pct": reduction(n)
+            for n in measured
+            if n.startswith("oracle-")
+        },  # fmt: skip
         "disco": tuning["disco"],
         "cumulative": tuning["cumulative"],
         "confidence": tuning["confidence"],
@@ -180,10 +207,10 @@ def _result(measured, tuning, costs, classifier, valid_examples, examples, args,
         "f1_static_sl": round(static_f1, 4),
         "f1_static_sl_k": static_k,
         "train_tokens": len(examples),
-        "own_work_ms": {
-            name: round(own_work_ms(policies.get(name), m, costs), 3)
-            for name, m in measured.items()
-        },
+        # A dynamic round against a static one of the same draft count, in the same runs; and
+        # each as a field of its own, for the page's table of fields.
+        "round_overhead_pct": overheads,
+        **{f"{name}_round_overhead_pct": pct for name, pct in overheads.items()},
         "call_costs_ms": jax.tree.map(lambda ms: round(ms, 3), costs),
         "policies": {
             name: {
@@ -243,7 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--cumulative_sources", nargs="+", default=list(SOURCES), choices=SOURCES,
         help="the cumulative rule's acceptance estimates: DISCO's classifier, the draft's own",
     )  # fmt: skip
-    parser.add_argument("--oracle_sl_max", type=int, default=32)
+    parser.add_argument("--oracle_sl_max", type=int, default=32,
+                        help="the untuned oracle's cap, measured beside the tuned one")  # fmt: skip
+    parser.add_argument(
+        "--oracle_sl_max_grid", type=int, nargs="+", default=[4, 8, 16, 32],
+        help="the oracle's caps, tuned on the validation prompts as the rules' SL_max are",
+    )  # fmt: skip
     parser.add_argument("--timing_repeats", type=int, default=3, help="per test prompt (median)")
     parser.add_argument(
         "--write_profile", metavar="PATH",
@@ -299,7 +331,8 @@ def main(argv=None) -> dict:
     except (OSError, ValueError) as error:
         parser.error(str(error))
     rules = tuning_grid(args.static_sl, args.sl_max_grid, args.threshold_grid, (True, False),
-                        args.cumulative_threshold_grid, args.cumulative_sources)  # fmt: skip
+                        args.cumulative_threshold_grid, args.cumulative_sources,
+                        args.oracle_sl_max_grid)  # fmt: skip
     grid = {label: p for configs in rules.values() for label, p in configs.items()}
     fixed = resolve_policies(["heuristic", "oracle"], heuristic_sl_max=max(args.sl_max_grid),
                              oracle_sl_max=args.oracle_sl_max)  # fmt: skip
@@ -338,14 +371,17 @@ def main(argv=None) -> dict:
         threshold_grid=args.threshold_grid,
         cumulative_threshold_grid=args.cumulative_threshold_grid,
         cumulative_sources=args.cumulative_sources, profile=profile, keep_counts=sweep,
-        **common,
+        oracle_sl_max_grid=args.oracle_sl_max_grid, **common,
     )  # fmt: skip
     policies = resolve_policies(
         policy_list(args.static_sl),
         tuning,
         heuristic_sl_max=max(args.sl_max_grid),
-        oracle_sl_max=args.oracle_sl_max,
+        oracle_sl_max=tuning["oracle"]["sl_max"],
     )
+    # Every cap of the oracle's grid and the untuned one, measured beside its tuned cap.
+    caps = sorted({*args.oracle_sl_max_grid, args.oracle_sl_max})
+    policies.update({f"oracle-{n}": Lookahead("oracle", n) for n in caps})
     cost_timers = call_cost_timers(
         target, target_params, draft, draft_params, test[0], policies.values(),
         classifier=classifier, max_new_tokens=args.max_new_tokens,

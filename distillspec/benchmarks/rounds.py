@@ -15,7 +15,12 @@ pair flags), at batch 1:
     timed interleaved: the same model calls as a static round, so a dynamic round minus the
     static one is its own work above static's (median, 90% interval over repeats); beside them
     the same dynamic programs with the cache written inside the width branches (the design
-    before), unless --no_compare.
+    before), unless --no_compare;
+  * `round_overhead_pct`: per dynamic policy, its program's rounds in a mixed-width run (1 and
+    --drafts drafts in turn, the verify width switching every round) against the mean of static
+    SL-1's and SL-<drafts>'s rounds (median over repeats, %); `fixed_width_overhead_pct` the
+    same for rounds of --drafts drafts only. `benchmarks.disco` reports the same check on real
+    runs (their rounds priced from sl_histogram).
 """
 
 from __future__ import annotations
@@ -219,6 +224,11 @@ def main(argv=None) -> dict:
         low, high = repeats_interval(lambda i: [np.median(diff[i])], len(diff))
         return [round(float(np.median(diff)), 3), round(float(low[0]), 3), round(float(high[0]), 3)]
 
+    def overhead_pct(name):  # Median over repeats of (a round / static's - 1), in %.
+        base = static[f"/1,{d}"] if f"/1,{d}" in name else static[""]
+        return round(float(np.median(100.0 * (per_round[name] / base - 1.0))), 2)
+
+    dynamic = [n for n in policies if n != "static"]
     result = {
         "pair": description,
         "backend": jax.default_backend(),
@@ -226,6 +236,10 @@ def main(argv=None) -> dict:
         "drafts": d,
         "round_ms": {n: round(float(np.median(v)), 3) for n, v in per_round.items()},
         "above_static_ms": {n: above_static(n) for n in per_round if not n.startswith("static")},
+        # A mixed-width run (1 and --drafts drafts in turn: the verify width switches every
+        # round) against the static rounds of the same sizes; and rounds of one width.
+        "round_overhead_pct": {n: overhead_pct(f"{n}/1,{d}") for n in dynamic},
+        "fixed_width_overhead_pct": {n: overhead_pct(n) for n in dynamic},
         # A static round of k drafts over one of 1 draft: how a round's cost grows with its
         # verify width (k + 1) and drafts, in the decoder's own loop.
         "static_round_ratio": {
