@@ -14,6 +14,7 @@ from distillspec.benchmarks.rounds import (
     decoder_buffers,
     loop_copies,
     round_copies,
+    round_overheads,
     round_timers,
 )
 from distillspec.decoding.lookahead import KINDS, Lookahead
@@ -91,3 +92,20 @@ def test_round_timers_time_static_and_both_verify_paths(pair):
     for name, timer in timers.items():  # (A tiny round's time can come out <= 0 under load.)
         per_round, outside = timer()
         assert np.isfinite(per_round) and outside >= 0, name
+
+
+def test_round_overheads_compare_each_round_with_static_rounds_of_its_sizes():
+    """Per repeat: the 1,4 run's round against the mean of SL-1's and SL-4's, the 4-draft
+    run's against SL-4's; the median over repeats, in percent."""
+    per_round = {
+        "static-1": np.array([10.0, 10.0, 12.0]),
+        "static-4": np.array([14.0, 14.0, 16.0]),
+        "oracle": np.array([14.0, 14.7, 16.0]),
+        "oracle/1,4": np.array([13.2, 12.0, 14.0]),
+    }
+    out = round_overheads(per_round, ["oracle"], 4)
+    assert out["round_overhead_pct"] == {"oracle": 0.0}  # +10%, 0%, 0%.
+    assert out["fixed_width_overhead_pct"] == {"oracle": 0.0}  # 0%, +5%, 0%.
+    per_round["oracle/1,4"] = per_round["oracle/1,4"] * 1.1
+    assert out != round_overheads(per_round, ["oracle"], 4)
+    assert round_overheads(per_round, ["oracle"], 4)["round_overhead_pct"]["oracle"] == 10.0

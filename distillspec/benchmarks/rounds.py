@@ -160,6 +160,22 @@ def round_timers(target, target_params, draft, draft_params, prompt, policies, d
     return timers
 
 
+def round_overheads(per_round: dict[str, np.ndarray], dynamic, drafts: int) -> dict:
+    """{'round_overhead_pct': {policy: %}, 'fixed_width_overhead_pct': {policy: %}} from ms per
+    round per repeat (`round_timers`' names): the median over repeats of a dynamic program's
+    round over the static rounds of the same sizes, - 1: its rounds of 1 and `drafts` drafts in
+    turn ('<name>/1,<drafts>', a width switch every round) over the mean of static-1's and
+    static-<drafts>'s, and its rounds of `drafts` drafts ('<name>') over static-<drafts>'s."""
+    one, full = per_round["static-1"], per_round[f"static-{drafts}"]
+    pct = lambda rounds, base: round(float(np.median(100.0 * (rounds / base - 1.0))), 2)
+    return {
+        "round_overhead_pct": {
+            n: pct(per_round[f"{n}/1,{drafts}"], (one + full) / 2) for n in dynamic
+        },
+        "fixed_width_overhead_pct": {n: pct(per_round[n], full) for n in dynamic},
+    }
+
+
 def build_parser():
     """disco's command line (the pair: --pair, --draft, --run_dir, --target_mb ...) plus this
     benchmark's own flags (tests/test_docs.py checks the docs against it)."""
@@ -224,10 +240,6 @@ def main(argv=None) -> dict:
         low, high = repeats_interval(lambda i: [np.median(diff[i])], len(diff))
         return [round(float(np.median(diff)), 3), round(float(low[0]), 3), round(float(high[0]), 3)]
 
-    def overhead_pct(name):  # Median over repeats of (a round / static's - 1), in %.
-        base = static[f"/1,{d}"] if f"/1,{d}" in name else static[""]
-        return round(float(np.median(100.0 * (per_round[name] / base - 1.0))), 2)
-
     dynamic = [n for n in policies if n != "static"]
     result = {
         "pair": description,
@@ -238,8 +250,7 @@ def main(argv=None) -> dict:
         "above_static_ms": {n: above_static(n) for n in per_round if not n.startswith("static")},
         # A mixed-width run (1 and --drafts drafts in turn: the verify width switches every
         # round) against the static rounds of the same sizes; and rounds of one width.
-        "round_overhead_pct": {n: overhead_pct(f"{n}/1,{d}") for n in dynamic},
-        "fixed_width_overhead_pct": {n: overhead_pct(n) for n in dynamic},
+        **round_overheads(per_round, dynamic, d),
         # A static round of k drafts over one of 1 draft: how a round's cost grows with its
         # verify width (k + 1) and drafts, in the decoder's own loop.
         "static_round_ratio": {
