@@ -12,11 +12,13 @@ from distillspec.benchmarks.rounds import (
     WritingInBranches,
     cache_copies,
     decoder_buffers,
+    layer_loops,
     loop_copies,
     round_copies,
     round_overheads,
     round_timers,
 )
+from distillspec.decoding import speculative_program
 from distillspec.decoding.lookahead import KINDS, Lookahead
 from distillspec.models import DecoderOnlyLM, TransformerConfig
 from tests.test_lookahead import random_classifier
@@ -109,3 +111,46 @@ def test_round_overheads_compare_each_round_with_static_rounds_of_its_sizes():
     per_round["oracle/1,4"] = per_round["oracle/1,4"] * 1.1
     assert out != round_overheads(per_round, ["oracle"], 4)
     assert round_overheads(per_round, ["oracle"], 4)["round_overhead_pct"]["oracle"] == 10.0
+
+
+def _program_text(pair, policy, max_new_tokens):
+    model, target_params, draft, draft_params, prompt = pair
+    oracle = np.zeros((1, max_new_tokens), np.int32) if policy.kind == "oracle" else None
+    return speculative_program(
+        model, draft, target_params, draft_params, *prompt, lookahead=policy,
+        classifier=random_classifier(2) if policy.uses_classifier else None,
+        oracle_tokens=oracle, max_new_tokens=max_new_tokens,
+    ).as_text()  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["oracle", "disco"])
+def test_a_dynamic_verify_is_the_static_rounds_target_call(pair, kind):
+    """Issue 52 read the programs for what a dynamic round pays above a static round of its
+    size: each verify-width branch runs the target's layer stack as the same instructions as
+    the static SL-(w - 1) program's verify (caches of one length: the static runs get the
+    dynamic one's sl_max - k more tokens), so no per-branch allocation, copy or layout change
+    hides in a dynamic round's target call."""
+    sl_max = 5
+    dynamic = layer_loops(_program_text(pair, Lookahead(kind, sl_max), MAX_NEW), 3)
+    for drafts in range(1, sl_max + 1):
+        static = layer_loops(
+            _program_text(pair, Lookahead("static", drafts), MAX_NEW + sl_max - drafts), 3
+        )
+        hidden = f"f32[1,{drafts + 1},24]"
+        assert static[hidden] == dynamic[hidden], drafts
+
+
+def test_layer_loops_finds_the_loops_of_a_known_trip_count():
+    text = "\n".join([
+        "%body.1 (p: (s32[], f32[1,2,8])) -> (s32[], f32[1,2,8]) {",
+        "  %a.1 = f32[1,2,8]{2,1,0} add(%x, %y)",
+        "  ROOT %t.1 = (s32[], f32[1,2,8]{2,1,0}) tuple(%i, %a.1)",
+        "}",
+        "ENTRY %main.2 (a: f32[1,2,8]) -> f32[1,2,8] {",
+        '  %w.1 = (s32[], f32[1,2,8]{2,1,0}) while(%t), condition=%c.1, body=%body.1, '
+        'backend_config={"known_trip_count":{"n":"3"}}',
+        '  %w.2 = (s32[], f32[1,2,8]{2,1,0}) while(%t), condition=%c.1, body=%body.1, '
+        'backend_config={"known_trip_count":{"n":"4"}}',
+        "}",
+    ])  # fmt: skip
+    assert layer_loops(text, 3) == {"f32[1,2,8]": ["add f32[1,2,8]", "tuple (s32[], f32[1,2,8])"]}

@@ -56,6 +56,35 @@ def loop_copies(hlo_text: str) -> list[tuple[str, str, tuple[int, ...]]]:
     return found
 
 
+_WHILE = re.compile(r"= \(\S+, (\w+\[[\d,]*\]).* while\(.*body=%([\w.\-]+)")
+_LAYOUT = re.compile(r"\{[^}]*\}")
+_OP = re.compile(r"^\s*(?:ROOT )?%\S+ = (\(.*?\)|\S+) ([\w\-]+)\(")
+
+
+def layer_loops(hlo_text: str, num_layers: int) -> dict[str, list[str]]:
+    """{the loop's first carried array after its counter, e.g. 'f32[1,6,256]' (a call's hidden
+    states: its width): the body's instructions as 'opcode shape' (layouts and names dropped)}
+    of every while loop of an optimized HLO module that XLA knows runs num_layers times: a
+    scanned layer stack's, one per model call a program compiles. A dynamic round's verify at
+    width w compiled as a static round's of that width has the same list."""
+    bodies, name, lines = {}, None, []
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head and not line.startswith(" "):
+            name, lines = head.group(2), []
+            bodies[name] = lines
+        elif name is not None:
+            op = _OP.match(line)
+            if op:
+                lines.append(op.group(2) + " " + _LAYOUT.sub("", op.group(1)))
+    loops = {}
+    for line in hlo_text.splitlines():
+        loop = _WHILE.search(line)
+        if loop and f'"known_trip_count":{{"n":"{num_layers}"}}' in line:
+            loops[loop.group(1)] = bodies[loop.group(2)]
+    return loops
+
+
 def copy_megabytes(copies) -> float:
     """Megabytes the copies move (an upper bound per round: a branch's run only when taken)."""
     return sum(math.prod(s) * _BYTES.get(t, 4) for _, t, s in copies) / 1e6
