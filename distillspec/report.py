@@ -391,8 +391,9 @@ def memory_page(args: argparse.Namespace, out_dir: str) -> str | None:
         "teacher; + FSDP; + remat of the matmul outputs; + full remat), whose compiled step fits "
         "the chip's memory at 4,096 tokens per device (2,048 x 2 for the 2,048-token recipes), "
         "with the most tokens per device (doubling, up to 32,768) it still fits; 'most tokens' "
-        "is the same doubling at the last setting. A row that fits nothing shows the 4,096-token "
-        "step. 'dry run s' is the recipe's whole search on this machine.\n\n"
+        "is the same doubling at the last setting. Where even the last setting does not fit 4,096 "
+        "tokens, the row halves them down to one row per device, and shows that step's figures "
+        "if nothing fits. 'dry run s' is the recipe's whole search on this machine.\n\n"
         + tables.to_markdown(rows)
     )
 

@@ -6,8 +6,9 @@ For each recipe (the paper's T5 v1.1 XL -> small; Llama-3.1-8B -> Llama-3.2-1B s
 -> Gemma-2-2B shapes) and each mesh (a TPU v5e-16, a TPU v5p-8 and 8 x H100), it finds the first
 setting of a ladder, cheapest first (a float32 teacher; a bfloat16 teacher; + FSDP; + remat of
 the matmul outputs only; + full remat), whose step fits the chips' memory at 4,096 tokens per
-device, then doubles the tokens per device while that setting still fits; and the same doubling
-for the ladder's last setting (the most tokens a device takes). `python -m
+device, then doubles the tokens per device while that setting still fits (or, when no setting
+fits, halves them down to one row); and the same doubling for the ladder's last setting (the
+most tokens a device takes). `python -m
 distillspec.report` turns the JSON into docs/results/memory.md.
 """
 
@@ -49,13 +50,17 @@ def _run(memory, target, draft, length, chips, setting, tokens, divergence) -> d
 
 
 def _most_tokens(memory, recipe, chips, accelerator, setting, divergence, first=None):
-    """(tokens, result): the most tokens per device, doubling from START_TOKENS, at which the
-    setting's step fits (tokens 0 and the START_TOKENS result when none does)."""
+    """(tokens, result): the most tokens per device at which the setting's step fits: doubling
+    from START_TOKENS, or halving from it down to one row when that does not fit (tokens 0 and
+    the last result when nothing does)."""
     target, draft, length = RECIPES[recipe]
     tokens = max(START_TOKENS, length)
     result = first or _run(memory, target, draft, length, chips, setting, tokens, divergence)
-    if not result["fits"][accelerator]:
-        return 0, result
+    while not result["fits"][accelerator]:  # Fewer tokens, down to one row per device.
+        if tokens // 2 < length:
+            return 0, result
+        tokens //= 2
+        result = _run(memory, target, draft, length, chips, setting, tokens, divergence)
     while tokens * 2 <= MAX_TOKENS:
         bigger = _run(memory, target, draft, length, chips, setting, tokens * 2, divergence)
         if not bigger["fits"][accelerator]:
