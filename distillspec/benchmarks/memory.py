@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--divergence", default="fkl", choices=DIVERGENCES)
     add("--tokens_per_device", type=int, default=4096, help="loss tokens per device per step")
     add("--sequence_length", type=int, default=512, help="tokens per row (rows = tokens / this)")
+    add("--vocab_size", type=int, default=None, help="both models at this vocabulary instead")
     add("--mesh", type=int, default=1, help="devices, data parallel")
     add("--fsdp", action="store_true", help="also split parameters over the devices")
     add("--remat", default="none", help="the student's blocks: none, full, or a policy name")
@@ -94,6 +95,21 @@ def load_model(spec: str, dtype: str = "float32"):
         ) from None
 
 
+def load_pair(args):
+    """(target in --teacher_dtype, draft with --remat), both at --vocab_size when given."""
+    from distillspec.models.base import with_remat
+
+    models = []
+    for spec, dtype in ((args.target_config, args.teacher_dtype), (args.draft_config, "float32")):
+        model = load_model(spec, dtype)
+        if args.vocab_size:
+            import dataclasses
+
+            model = type(model)(dataclasses.replace(model.config, vocab_size=args.vocab_size))
+        models.append(model)
+    return models[0], with_remat(models[1], args.remat)
+
+
 def _with_dtype(config, dtype: str):
     import dataclasses
 
@@ -141,15 +157,13 @@ def dry_run(args) -> dict:
 
     from distillspec import partitioning, trainer
     from distillspec.benchmarks.flops import jaxpr_flops
-    from distillspec.models.base import with_remat
 
     if args.tokens_per_device % args.sequence_length:
         raise SystemExit(
             f"--tokens_per_device {args.tokens_per_device} must be a multiple of "
             f"--sequence_length {args.sequence_length}"
         )
-    teacher = load_model(args.target_config, args.teacher_dtype)
-    student = with_remat(load_model(args.draft_config), args.remat)
+    teacher, student = load_pair(args)
     if teacher.vocab_size != student.vocab_size:
         raise SystemExit(
             f"target vocabulary {teacher.vocab_size} != draft vocabulary {student.vocab_size}"
@@ -234,10 +248,9 @@ def _real_step(args, chunk_tokens):
     import numpy as np
 
     from distillspec import trainer
-    from distillspec.models.base import cast_params, with_remat
+    from distillspec.models.base import cast_params
 
-    teacher = load_model(args.target_config, args.teacher_dtype)
-    student = with_remat(load_model(args.draft_config), args.remat)
+    teacher, student = load_pair(args)
     rows = args.tokens_per_device // args.sequence_length
     loss = trainer.LossConfig(divergence=args.divergence, chunk_tokens=chunk_tokens)
     optimizer = trainer.make_optimizer(trainer.OptimizerConfig(name=args.optimizer), 1000)
