@@ -320,6 +320,18 @@ def pair_costs(costs, static_opt: int) -> dict:
             "memory_bound": bool(c <= 0.1 and r_gamma <= 1.3)}  # fmt: skip
 
 
+def _profile_pricing(profile, path: str, measured: dict, policies: dict) -> dict:
+    """The tuned policies' test runs priced at a cost profile's costs (result fields)."""
+    pricing = cost_profiles.profile_costs(profile, [None, *policies.values()])
+    modeled = {n: priced(m, policies.get(n), pricing) for n, m in measured.items()}
+    fields = {"profile": path, "profile_modeled_latency_ms": {
+        n: round(v, 5) for n, v in modeled.items()}}  # fmt: skip
+    for name in HEADLINE:
+        reduction = reduction_pct(modeled["static-opt"], modeled[name])
+        fields[f"profile_{name}_vs_static_opt_pct"] = round(reduction, 2)
+    return fields
+
+
 def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -401,14 +413,8 @@ def main(argv=None) -> dict:
             file=sys.stderr,
             flush=True,
         )
-    if profile is not None:  # The tuned policies' test runs priced at the profile's costs.
-        pricing = cost_profiles.profile_costs(profile, [None, *policies.values()])
-        modeled = {n: priced(m, policies.get(n), pricing) for n, m in measured.items()}
-        result["profile"] = args.profile
-        result["profile_modeled_latency_ms"] = {n: round(v, 5) for n, v in modeled.items()}
-        for name in HEADLINE:
-            reduction = reduction_pct(modeled["static-opt"], modeled[name])
-            result[f"profile_{name}_vs_static_opt_pct"] = round(reduction, 2)
+    if profile is not None:
+        result.update(_profile_pricing(profile, args.profile, measured, policies))
     if sweep:  # Every configuration's counted calls on the test prompts (timing unused).
         counted, _ = measure_policies(
             target, target_params, draft, draft_params, test, {**grid, **fixed},
