@@ -155,7 +155,8 @@ def train_step(
     size = heads.chunk_positions(
         max(rows // data_parallel, 1), length, loss.chunk_tokens, student.vocab_size
     )
-    vocab_size = teacher.vocab_size if teacher is not None else student.vocab_size
+    # The top-k target's vocabulary (the teacher's); nothing else reads it.
+    vocab_size = teacher.vocab_size if teacher_cache.LOG_PROBS in batch else None
     fn = functools.partial(_chunk_sums, student_head, teacher, loss, vocab_size)
 
     def objective(params):
