@@ -18,6 +18,7 @@ shapes small) and reports the process's peak RSS beside the prediction.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -81,8 +82,6 @@ def load_model(spec: str, dtype: str = "float32"):
         gemma = str(hf.get("model_type", "")).startswith("gemma")
         config = config_from_hf(_gemma_as_llama(hf) if gemma else hf, dtype)
         if gemma:
-            import dataclasses
-
             config = dataclasses.replace(config, activation="gelu_new")
         return DecoderOnlyLM(config) if isinstance(config, TransformerConfig) else T5LM(config)
     from distillspec.convert import resolve_config
@@ -103,16 +102,12 @@ def load_pair(args):
     for spec, dtype in ((args.target_config, args.teacher_dtype), (args.draft_config, "float32")):
         model = load_model(spec, dtype)
         if args.vocab_size:
-            import dataclasses
-
             model = type(model)(dataclasses.replace(model.config, vocab_size=args.vocab_size))
         models.append(model)
     return models[0], with_remat(models[1], args.remat)
 
 
 def _with_dtype(config, dtype: str):
-    import dataclasses
-
     return dataclasses.replace(config, dtype=dtype)
 
 
