@@ -30,6 +30,7 @@ from distillspec import console, datagen, distributed, tasks, trainer
 from distillspec.decoding.sampling import SamplingConfig
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
 from distillspec.models.drafts import DraftSpec
+from distillspec.models.weight_checks import CheckpointError
 from distillspec.runs import disco, evaluate, online, plan, quickstart, train
 from distillspec.study import pipeline
 
@@ -125,6 +126,15 @@ def main(name: str, argv: list[str] | None = None) -> Any:
     except trainer.Preempted as e:
         print(e, file=sys.stderr)
         sys.exit(trainer.PREEMPTED_EXIT_CODE)
+    except CheckpointError as e:
+        _refuse_checkpoint(e)
+
+
+def _refuse_checkpoint(error: CheckpointError) -> None:
+    """A checkpoint refused at load (truncated, corrupt, NaN): its one-line reason, exit 1,
+    no traceback (gin appends the configurable's name on a second line: dropped)."""
+    print(f"error: {str(error).splitlines()[0]}", file=sys.stderr)
+    sys.exit(1)
 
 
 def check_multiprocess_run(name: str) -> None:
@@ -152,6 +162,9 @@ def _main_multiprocess(name: str, args: argparse.Namespace) -> Any:
     except trainer.Preempted as e:
         print(e, file=sys.stderr)
         sys.exit(trainer.PREEMPTED_EXIT_CODE)
+    except CheckpointError as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+        os._exit(1)
     except BaseException:
         # Exiting normally would wait in jax.distributed's shutdown barrier for processes
         # that may be stuck in a collective with this one; leave at once instead.

@@ -23,6 +23,14 @@ import sentencepiece as spm
 import seqio
 
 from distillspec import console, corpus
+from distillspec.tokenizer_files import (  # noqa: F401  (checkpoint_special_ids: re-exported)
+    TOKENIZER_FILES,
+    checkpoint_special_ids,
+    token_strings,
+)
+from distillspec.tokenizer_files import first_id as _first_id
+from distillspec.tokenizer_files import read_json as _read_json
+from distillspec.tokenizer_files import tokenizer_file as _tokenizer_file
 
 CACHE_ENV_VAR = "DISTILLSPEC_CACHE"
 VOCABULARY_NAMES = ("sentencepiece", "byte")
@@ -137,8 +145,6 @@ def get_vocabulary(
 # ----------------------------------------------------------------------------------------------
 # A user's tokenizer: Hugging Face tokenizer.json, a SentencePiece model, or a checkpoint's.
 
-# Files a checkpoint directory may hold its tokenizer in, in the order they are preferred.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model")
 # Files copied beside them into an export so that `AutoTokenizer.from_pretrained` works.
 TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
@@ -318,58 +324,6 @@ class Tokenizer:
         return (
             f"tokenizer {self.source}: {self.size} ids; EOS {self.eos_id}, {bos}, pad {self.pad_id}"
         )
-
-
-def _read_json(path: str) -> dict:
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _first_id(*values) -> int | None:
-    """The first value that is set; a list (several EOS ids) gives its first element; a
-    negative id (SentencePiece's -1 for "none") reads as unset."""
-    for value in values:
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if value is not None and int(value) >= 0:
-            return int(value)
-    return None
-
-
-def checkpoint_special_ids(checkpoint: str | None) -> dict[str, int | None]:
-    """{'bos', 'eos', 'pad'} ids of a checkpoint directory's generation_config.json, else its
-    config.json (None where neither says)."""
-    if not checkpoint:
-        return {"bos": None, "eos": None, "pad": None}
-    config = _read_json(os.path.join(checkpoint, "config.json"))
-    generation = _read_json(os.path.join(checkpoint, "generation_config.json"))
-    return {
-        name: _first_id(generation.get(f"{name}_token_id"), config.get(f"{name}_token_id"))
-        for name in ("bos", "eos", "pad")
-    }
-
-
-def _tokenizer_file(directory: str) -> str | None:
-    for name in TOKENIZER_FILES:
-        path = os.path.join(directory, name)
-        if os.path.isfile(path):
-            return path
-    return None
-
-
-def token_strings(path: str) -> list[str | None]:
-    """The token of each id of a tokenizer file (tokenizer.json or a SentencePiece model),
-    for comparing two tokenizers' vocabularies rather than their sizes."""
-    if path.endswith(".json"):
-        vocab = HFTokenizerVocabulary(path, eos_id=None, bos_id=None)._tokenizer.get_vocab()
-        out: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)
-        for token, i in vocab.items():
-            out[i] = token
-        return out
-    model = spm.SentencePieceProcessor(model_file=path)
-    return [model.id_to_piece(i) for i in range(model.get_piece_size())]
 
 
 def check_same_vocabulary(checkpoints_by_name: Mapping[str, str | None]) -> None:

@@ -18,6 +18,12 @@ import jax
 import numpy as np
 from safetensors import safe_open
 
+from distillspec.models.weight_checks import (
+    CheckpointError,
+    check_finite,
+    safetensors_failure,
+)
+
 
 def checkpoint_files(path: str) -> list[str]:
     """The safetensors files of a checkpoint directory: the index's, model.safetensors, or all.
@@ -40,15 +46,49 @@ def checkpoint_files(path: str) -> list[str]:
     return [os.path.join(path, name) for name in files]
 
 
+def open_file(file: str) -> Any:
+    """safetensors' handle of one file (its header read).
+
+    Raises:
+      CheckpointError: naming the file, and saying 'truncated' when it is shorter than its
+        header declares.
+    """
+    if not os.path.isfile(file):
+        raise CheckpointError(
+            f"{file} is missing: the checkpoint {os.path.dirname(file)!r} "
+            "lists it (model.safetensors.index.json) but it is not there"
+        )
+    try:
+        return safe_open(file, framework="np")
+    except Exception as e:  # SafetensorError (not importable by name) and OSError alike.
+        raise safetensors_failure(file, e) from e
+
+
 class LazyTensors(Mapping):
-    """{tensor name: numpy array} over safetensors files; each array is read when looked up."""
+    """{tensor name: numpy array} over safetensors files; each array is read when looked up,
+    and refused (`CheckpointError` naming the tensor and its file) if not finite."""
 
     def __init__(self, files: list[str]):
-        handles = [safe_open(file, framework="np") for file in files]
-        self._handles = {name: handle for handle in handles for name in handle.keys()}
+        self._handles, self._files = {}, {}
+        for file in files:
+            handle = open_file(file)
+            for name in handle.keys():
+                self._handles[name], self._files[name] = handle, file
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self._handles[name].get_tensor(name)
+        return check_finite(self._handles[name].get_tensor(name), name, self._files[name])
+
+    def file_of(self, name: str) -> str:
+        """The file holding tensor `name`."""
+        return self._files[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The tensor's shape, from the file's header (nothing read)."""
+        return tuple(self._handles[name].get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> str:
+        """The tensor's stored dtype as safetensors names it ('F32', 'BF16', ...)."""
+        return self._handles[name].get_slice(name).get_dtype()
 
     def __contains__(self, name: object) -> bool:
         return name in self._handles

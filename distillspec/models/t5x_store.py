@@ -33,6 +33,8 @@ import numpy as np
 import tensorstore as ts
 from flax import serialization
 
+from distillspec.models.weight_checks import CheckpointError, check_finite
+
 log = logging.getLogger(__name__)
 
 ArrayIndex = Any  # tuple of slices / int arrays, one per axis.
@@ -101,8 +103,8 @@ class Source:
         """Where the array lies, for error messages."""
         return self.spec["kvstore"]["path"] if self.spec else f"inline in {CHECKPOINT_FILE}"
 
-    def _fail(self, error: Exception) -> ValueError:
-        return ValueError(
+    def _fail(self, error: Exception) -> CheckpointError:
+        return CheckpointError(
             f"Cannot read T5X array {self.where!r} (parameter 'target/{self.name}'); the "
             f"checkpoint is truncated or corrupt: {error}"
         )
@@ -126,13 +128,14 @@ class Source:
     def read(self, index: ArrayIndex) -> np.ndarray:
         """The array at `index` (slices, and at most one integer array, read outer-style)."""
         if self.store is None:
-            return self.inline[index]
+            return check_finite(self.inline[index], f"target/{self.name}", self.where)
         try:
             fancy = any(isinstance(i, np.ndarray) for i in index)
             view = self.store.oindex[index] if fancy else self.store[index]
-            return np.asarray(view.read().result())
+            value = np.asarray(view.read().result())
         except Exception as e:
             raise self._fail(e) from e
+        return check_finite(value, f"target/{self.name}", self.where)
 
 
 def _is_spec(node: Any) -> bool:
@@ -191,7 +194,9 @@ def read_msgpack(step_dir: str) -> dict[str, Any]:
     try:
         contents = serialization.msgpack_restore(raw)
     except Exception as e:
-        raise ValueError(f"{path} is not a readable T5X msgpack checkpoint: {e}") from e
+        raise CheckpointError(
+            f"{path} is not a readable T5X msgpack checkpoint (truncated or corrupt): {e}"
+        ) from e
     # Version 0 is a plain flax checkpoint; later versions nest the state under 'optimizer'.
     state = contents.get("optimizer", contents) if isinstance(contents, dict) else None
     if not isinstance(state, dict) or not isinstance(state.get("target"), dict):
