@@ -78,14 +78,19 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
     return runs
 
 
-def run_function(name: str) -> Callable[..., Any]:
+def run_function(name: str, command_line: bool = False) -> Callable[..., Any]:
     """The gin-configured run function `name` ('train', 'evaluate', 'quickstart', 'disco',
     'study', 'plan', 'online'), given what only the gin layer knows: the parsed configuration (for
     MODEL_DIR/config.gin) and, for the quickstart, the study and the plan, their stages as
-    gin-configured run functions under scopes."""
+    gin-configured run functions under scopes. command_line: the run is `python -m
+    distillspec.<name>` itself (not a stage of another run): train and evaluate then print the
+    serve commands of what they exported or evaluated."""
     configured = register_configurables()[name]
+    serve = {"serve_report": True} if command_line and name in ("train", "evaluate") else {}
     if name == "train":
-        return lambda **kwargs: configured(config_text=config_str(), **kwargs)
+        return lambda **kwargs: configured(config_text=config_str(), **serve, **kwargs)
+    if serve:
+        return lambda **kwargs: configured(**serve, **kwargs)
     if name in ("quickstart", "study", "plan"):
         return lambda **kwargs: configured(stage=scoped_run, bindings=scoped_bindings, **kwargs)
     return configured
@@ -122,7 +127,7 @@ def main(name: str, argv: list[str] | None = None) -> Any:
     if args.multiprocess:
         return _main_multiprocess(name, args)
     try:
-        return run_function(name)()
+        return run_function(name, command_line=True)()
     except trainer.Preempted as e:
         print(e, file=sys.stderr)
         sys.exit(trainer.PREEMPTED_EXIT_CODE)
@@ -158,7 +163,7 @@ def _main_multiprocess(name: str, args: argparse.Namespace) -> Any:
     mesh_shape = mesh_shape if isinstance(mesh_shape, (tuple, list)) else None
     distributed.initialize(config, mesh_shape=mesh_shape)
     try:
-        return run_function(name)()
+        return run_function(name, command_line=True)()
     except trainer.Preempted as e:
         print(e, file=sys.stderr)
         sys.exit(trainer.PREEMPTED_EXIT_CODE)

@@ -93,3 +93,45 @@ def config_from_hf(hf_config: dict[str, Any], dtype: str = "float32") -> Any:
     tied = hf_config.get("tie_word_embeddings", model_type != "t5")
     names = set() if tied else {"lm_head.weight"}
     return hf_interop._CONFIG_READERS[model_type](hf_config, names, dtype)
+
+
+def expected_hf_tensors(hf_config: dict[str, Any], names: set[str]) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} that a Hugging Face checkpoint with this config.json must hold, as
+    `from_pretrained` reads it (GPT-2's c_attn fused; `names`: the tensors it does hold, for
+    T5's untied head), computed from the model's abstract params (nothing allocated)."""
+    import re
+
+    import jax
+
+    from distillspec.models import T5LM, DecoderOnlyLM, hf_interop
+
+    model_type = hf_config.get("model_type")
+    config_from_hf(hf_config)  # An unsupported model_type: the error that lists the supported.
+    config = hf_interop._CONFIG_READERS[model_type](hf_config, names, "float32")
+    model = T5LM(config) if model_type == "t5" else DecoderOnlyLM(config)
+    abstract = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    shapes = {}
+    for rule in hf_interop._RULES[model_type](config):
+        leaf = hf_interop._get(abstract, rule.path)
+        one = jax.ShapeDtypeStruct(leaf.shape[1:] if rule.layers else leaf.shape, leaf.dtype)
+        shape = tuple(jax.eval_shape(rule.to_hf, one).shape)
+        for i in range(rule.layers) if rule.layers else [None]:
+            shapes[rule.hf.format(i=i)] = shape
+    fused = {}
+    for name, shape in shapes.items():  # GPT-2 stores q, k, v as one c_attn tensor.
+        match = re.fullmatch(r"(.*\.c_attn)\.[qkv]\.(weight|bias)", name)
+        if match:
+            key = f"{match[1]}.{match[2]}"
+            width = fused.get(key, (*shape[:-1], 0))[-1]
+            fused[key] = (*shape[:-1], width + shape[-1])
+        else:
+            fused[name] = shape
+    return fused
+
+
+def ignored_tensor(name: str) -> bool:
+    """Whether `from_pretrained` skips a checkpoint tensor of this name (buffers of old exports,
+    T5's per-stack copies of the shared embedding)."""
+    from distillspec.models import hf_interop
+
+    return bool(hf_interop._IGNORED.match(name))

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from distillspec import checkpoints, tasks
+from distillspec import checkpoints, serving, tasks
 from distillspec.feature_converters import prompt_batches
 from distillspec.models import load_checkpoint, save_pretrained
+from distillspec.models.loading import HF, checkpoint_format
 from distillspec.vocabularies import (
     Tokenizer,
     check_same_vocabulary,
@@ -79,6 +80,24 @@ def export(model, params, tokenizer: Tokenizer, directory: str) -> None:
     generation_config.json and the tokenizer files."""
     save_pretrained(model, params, directory, special_tokens=tokenizer.special_ids)
     tokenizer.save(directory)
+
+
+def report_serving(
+    draft_dir: str, target_checkpoint: str | None, gamma: int, source: str, show: bool = True,
+    write: bool = True,
+) -> dict[str, Any] | None:  # fmt: skip
+    """The serve check of an export beside its target (`serving.check`), written to its
+    SERVING.md and, with `show`, printed with the ready engines' commands; None for a
+    draft that is no Hugging Face directory (a T5X checkpoint: nothing to serve as is)."""
+    if checkpoint_format(draft_dir) != HF:
+        return None
+    hf_target = target_checkpoint and checkpoint_format(target_checkpoint) == HF
+    report = serving.check(draft_dir, target_checkpoint if hf_target else None)
+    if write:
+        serving.write_serving(report, gamma, source, draft_dir)
+    if show:
+        print(serving.summary(report, gamma, source), flush=True)
+    return report
 
 
 def open_run(

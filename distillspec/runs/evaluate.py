@@ -12,14 +12,14 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from distillspec import tables
+from distillspec import serving, tables
 from distillspec.disco import storage
 from distillspec.evaluation.drafts import GridConfig, evaluate_drafts
 from distillspec.evaluation.policies import evaluate_policies, resolve_policies
 from distillspec.evaluation.quality import quality_records
 from distillspec.models.base import decode_cache_dtype, for_decoding
 from distillspec.records import RECORDS_FILE, TUNED_POLICIES, append_records, write_jsonl_atomic
-from distillspec.runs.common import open_run, prompt_sets
+from distillspec.runs.common import open_run, prompt_sets, report_serving
 
 QUALITY_FILE = "quality.jsonl"
 
@@ -62,6 +62,7 @@ def evaluate(
     heuristic_start: int = 5,
     oracle_sl_max: int = 64,
     quality: bool = True,
+    serve_report: bool = False,
 ) -> list[dict[str, Any]]:
     """Evaluates drafts against a target over eval sets and a grid; the target and each draft are
     Hugging Face or T5X checkpoint directories (`models.load_checkpoint` tells them apart).
@@ -87,7 +88,10 @@ def evaluate(
     With `quality`, also each model's quality as a model, per eval set (`evaluation.quality`:
     NLL of the reference completions, distinct-4, share of looping greedy outputs, chrF of
     the greedy outputs against the references and the target's NLL of them) in
-    OUTPUT_DIR/quality.jsonl and quality.md.
+    OUTPUT_DIR/quality.jsonl and quality.md. Last, each Hugging Face draft's serve check
+    (`serving.check`) with the γ of its best batch-1 latency speed-up goes to
+    OUTPUT_DIR/SERVING.md (and to the draft's own SERVING.md, when an export has one);
+    serve_report: also print it with the serve commands (the command line does).
     """
     if not gammas and not policies:
         raise ValueError("nothing to evaluate: gammas and policies are both empty")
@@ -138,7 +142,28 @@ def evaluate(
             task_feature_lengths["targets"], tokenizer, vocab_size,
         )  # fmt: skip
     print(tables.terminal_summary(records, os.path.join(output_dir, "table.md")))
+    _report_serving(records, drafts, target_checkpoint, output_dir, serve_report)
     return records
+
+
+def _report_serving(records, drafts, target_checkpoint, output_dir, show: bool) -> None:
+    """Each Hugging Face draft's serve check and commands at the γ of its best batch-1 latency
+    speed-up (else what its SERVING.md says): OUTPUT_DIR/SERVING.md, printed with `show`, and
+    the export's own SERVING.md updated with the measured γ."""
+    texts = []
+    for name, path in drafts.items():
+        measured = serving.best_gamma(records, name)
+        gamma, source = serving.serving_gamma(measured, None, None, path)
+        report = report_serving(path, target_checkpoint, gamma, source, show=show, write=False)
+        if report is None:
+            continue
+        texts.append(f"<!-- draft {name} -->\n" + serving.serving_text(report, gamma, source))
+        own = os.path.join(path, serving.SERVING_FILE)
+        if measured is not None and os.path.isfile(own) and os.access(own, os.W_OK):
+            serving.write_serving(report, gamma, source, path)
+    if texts:
+        with open(os.path.join(output_dir, serving.SERVING_FILE), "w", encoding="utf-8") as f:
+            f.write("\n".join(texts))
 
 
 def _write_tables(records_path: str, output_dir: str, policies: bool) -> None:

@@ -39,6 +39,7 @@ from distillspec import (
     metrics,
     partitioning,
     served,
+    serving,
     tasks,
     teacher_cache,
     trainer,
@@ -48,7 +49,13 @@ from distillspec.feature_converters import prompt_batches, valid_rows
 from distillspec.models import load_checkpoint
 from distillspec.models.base import TruncatedVocabulary, for_decoding, with_remat
 from distillspec.models.drafts import DraftSpec, make_draft, num_params
-from distillspec.runs.common import check_models_serve, check_special_tokens, export, prompt_sets
+from distillspec.runs.common import (
+    check_models_serve,
+    check_special_tokens,
+    export,
+    prompt_sets,
+    report_serving,
+)
 from distillspec.vocabularies import Tokenizer, load_tokenizer
 
 EXPORT_SUBDIR = "export"
@@ -315,6 +322,8 @@ def train(
     tfds_data_dir: str | None = None,
     console: bool = True,
     config_text: str = "",
+    serve_gamma: int | None = None,
+    serve_report: bool = False,
 ):
     """Trains (pretrains or distils) a student and exports it to MODEL_DIR/export.
 
@@ -351,6 +360,9 @@ def train(
         prepared TFDS data sets live (the paper's tasks).
       console: show a progress bar.
       config_text: the run's whole configuration, written to MODEL_DIR/config.gin.
+      serve_gamma: the γ the plan chose (python -m distillspec.plan's draft.gin sets it), for
+        the serve commands in export/SERVING.md; None: the recipe's (evaluation.gamma).
+      serve_report: also print the export's serve check and commands (the command line does).
 
     Returns:
       The student's final parameters.
@@ -397,7 +409,7 @@ def _train(
     model_dir, task, split, task_feature_lengths, student, student_checkpoint, teacher,
     teacher_checkpoint, teacher_seed, loop, loss, optimizer, mixture, evaluation, teacher_top_k,
     teacher_cache_dir, served_buffer, mesh_shape, fsdp, student_remat, teacher_dtype, vocabulary,
-    vocab_size, max_examples, tfds_data_dir, console, config_text,
+    vocab_size, max_examples, tfds_data_dir, console, config_text, serve_gamma, serve_report,
 ):  # fmt: skip
     started = time.monotonic()
     _check_run_args(max_examples, loop, mesh_shape)
@@ -448,6 +460,10 @@ def _train(
     )  # fmt: skip
     _export(student_model, params, tokenizer, model_dir)
     _report_end(model_dir, started)
+    if distributed.is_primary():
+        gamma = serving.serving_gamma(None, serve_gamma, evaluation.gamma)
+        export_dir = os.path.join(model_dir, EXPORT_SUBDIR)
+        report_serving(export_dir, teacher_checkpoint, *gamma, show=serve_report)
     if teacher_model is not None and not multi:
         _report_costs(models, params, task_feature_lengths)
     return params
