@@ -46,7 +46,7 @@ def finish(output_dir: str, chosen, rows: dict[str, dict], costs, context) -> di
     if choice:
         by_name = {c.name: c for c in chosen}
         with open(os.path.join(output_dir, "draft.gin"), "w") as f:
-            f.write(draft_gin(by_name[choice], context, headline))
+            f.write(draft_gin(by_name[choice], context, headline, rows[choice]["best_gamma"]))
     print(summary(result, headline, output_dir))
     return result
 
@@ -141,9 +141,16 @@ def summary(result: Mapping[str, Any], headline: str, output_dir: str) -> str:
     return "\n".join(line[:100] for line in lines)
 
 
-def draft_gin(candidate, context, headline: str) -> str:
+def draft_gin(candidate, context, headline: str, gamma: int | None = None) -> str:
     """draft.gin: the chosen draft and the recipe the plan priced, for `python -m
-    distillspec.train --gin_file=runs/distill.gin --gin_file=draft.gin`."""
+    distillspec.train --gin_file=runs/distill.gin --gin_file=draft.gin`; with the γ of its
+    best predicted speed-up (after a pilot) as the serve commands' γ (train.serve_gamma)."""
+    serve = (
+        "\n# The serve commands' γ (export/SERVING.md): the best predicted one.\n"
+        f"train.serve_gamma = {int(gamma)}\n"
+        if gamma is not None
+        else ""
+    )
     return (
         f"# {headline}.\n# Written by python -m distillspec.plan. Train it with the recipe the "
         "plan priced:\n"
@@ -153,6 +160,7 @@ def draft_gin(candidate, context, headline: str) -> str:
         + candidate.gin()
         + "\n# The recipe (its pilot ran the first steps of exactly this run).\n"
         + context["recipe"]
+        + serve
     )
 
 
