@@ -14,7 +14,7 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "distillspec"
 TOP_MODULES = {
     "gin_setup", "train", "evaluate", "quickstart", "disco.__main__", "study.__main__", "convert",
-    "report", "plan", "online",
+    "report", "plan", "online", "serve_check",
 }  # fmt: skip
 LAYERS = ("library", "evaluation", "disco", "runs", "study", "top")
 MAX_MODULE_LINES = 600

@@ -294,3 +294,37 @@ def test_evaluate_and_train_refuse_a_nan_or_truncated_checkpoint(pair, tmp_path,
         err = capsys.readouterr().err
         assert stopped.value.code == 1 and err.startswith("error: ")
         assert all(w in err for w in words) and "Traceback" not in err, err
+
+
+def test_train_and_evaluate_print_the_serve_commands(pair, tmp_path, capsys, clean_gin):
+    data = tmp_path / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": c[:12], "completion": c[12:]}) + "\n" for c in CODE)
+    )
+    gin_setup.main("train", [
+        "--gin_file=runs/distill.gin", "--gin.TRAIN_STEPS=1", "--gin.BATCH_SIZE=2",
+        "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 6}", "--gin.STUDENT_CHECKPOINT=None",
+        f"--gin.MODEL_DIR={tmp_path / 'run'}", f"--gin.TEACHER_CHECKPOINT={pair['target']!r}",
+        f"--gin.MIXTURE_OR_TASK_NAME={str(data)!r}", "--gin.train.student=@DraftSpec()",
+        "--gin.DraftSpec.num_layers=1", "--gin.train.serve_gamma=3",
+    ])  # fmt: skip
+    export_dir = tmp_path / "run" / "export"
+    printed = capsys.readouterr().out
+    assert "γ = 3: the plan's" in printed
+    for engine in serving.ENGINES:
+        assert f"{engine}: ready" in printed
+    written = (export_dir / serving.SERVING_FILE).read_text()
+    assert '"num_speculative_tokens": 3' in written and "--speculative-num-steps 3" in written
+    gin.clear_config()
+    records = gin_setup.main("evaluate", [
+        "--gin_file=runs/evaluate.gin", f"--gin.OUTPUT_DIR={tmp_path / 'eval'}",
+        f"--gin.TARGET_CHECKPOINT={pair['target']}", f"--gin.DRAFTS={{'d': {str(export_dir)!r}}}",
+        f"--gin.EVAL_SETS=[({str(data)!r}, 'train')]", "--gin.GAMMAS=[2]",
+        "--gin.TEMPERATURES=[0.0]", "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 6}",
+        "--gin.NUM_PROMPTS=2", "--gin.evaluate.batch_size=2", "--gin.evaluate.quality=False",
+    ])  # fmt: skip
+    best = serving.best_gamma(records, "d")
+    printed = capsys.readouterr().out
+    assert best == 2 and f"γ = {best}: the evaluation's best" in printed
+    assert f'"num_speculative_tokens": {best}' in (export_dir / serving.SERVING_FILE).read_text()
+    assert "vLLM (draft_model): ready" in (tmp_path / "eval" / serving.SERVING_FILE).read_text()
