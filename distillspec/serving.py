@@ -368,10 +368,16 @@ def read_serving_gamma(export_dir: str) -> tuple[int, str] | None:
     return None
 
 
+def _paths(report: Mapping[str, Any]) -> tuple[str, str]:
+    """The draft's and the target's directories as absolute paths ('TARGET' when unknown)."""
+    target = report["target"]
+    return os.path.abspath(report["draft"]), os.path.abspath(target) if target else "TARGET"
+
+
 def serving_text(report: Mapping[str, Any], gamma: int, source: str) -> str:
     """SERVING.md: per engine, ready or not (the conditions unmet) and the command."""
-    draft, target = report["draft"], report["target"] or "TARGET"
-    cmds = commands(os.path.abspath(draft), target, gamma, seq2seq=_is_seq2seq(draft))
+    draft, target = _paths(report)
+    cmds = commands(draft, target, gamma, seq2seq=_is_seq2seq(draft))
     lines = [
         "# Serving this draft", "",
         f"Written by distillspec (`python -m distillspec.serve_check {shlex.quote(draft)} "
@@ -404,8 +410,8 @@ def write_serving(report: Mapping[str, Any], gamma: int, source: str, directory:
 
 def summary(report: Mapping[str, Any], gamma: int, source: str) -> str:
     """The terminal's lines: each engine ready or not, the ready engines' commands."""
-    draft, target = report["draft"], report["target"] or "TARGET"
-    cmds = commands(os.path.abspath(draft), target, gamma, seq2seq=_is_seq2seq(draft))
+    draft, target = _paths(report)
+    cmds = commands(draft, target, gamma, seq2seq=_is_seq2seq(draft))
     lines = [f"Serve {draft} beside {target} (γ = {gamma}: {source}):"]
     for engine, result in report["engines"].items():
         if result["ready"]:

@@ -31,7 +31,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 PAGES = (
     "getting-started", "your-own-model", "training", "evaluation", "decoding",
-    "dynamic-lookahead", "study", "t5x-checkpoints", "benchmarks", "design",
+    "dynamic-lookahead", "study", "t5x-checkpoints", "benchmarks", "design", "serving",
 )  # fmt: skip
 GIN_RUNS = {"train", "evaluate", "quickstart", "disco", "study", "plan", "online"}
 # Parsed before gin's flags.
