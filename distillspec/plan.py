@@ -20,11 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from distillspec import console
-
-console.quiet_startup()  # Before anything imports TensorFlow.
-
-from distillspec import gin_setup  # noqa: E402
+from distillspec import command_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +61,16 @@ def _temperatures(text: str) -> list[float]:
     return values
 
 
+if __name__ == "__main__":  # --help and the command line's mistakes, before the heavy imports.
+    command_line.preflight("plan", sys.argv[1:], parents=(build_parser(),))
+
+from distillspec import console  # noqa: E402
+
+console.quiet_startup()  # Before anything imports TensorFlow.
+
+from distillspec import gin_setup  # noqa: E402
+
+
 def main(argv: list[str] | None = None):
     args, rest = build_parser().parse_known_args(argv if argv is not None else sys.argv[1:])
     bindings = {"profile": args.profile, "measure_profile": args.measure_profile,
@@ -74,7 +80,7 @@ def main(argv: list[str] | None = None):
         rest.append("--gin.plan.validate=True")
     if args.temperatures:
         rest.append(f"--gin.plan.temperatures={args.temperatures!r}")
-    gin_setup.main("plan", rest)
+    gin_setup.main("plan", rest, parents=(build_parser(),))
 
 
 if __name__ == "__main__":
