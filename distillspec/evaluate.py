@@ -1,6 +1,13 @@
 """python -m distillspec.evaluate --gin_file=... (see `distillspec.runs.evaluate`)."""
 
-from distillspec import console
+import sys
+
+from distillspec import command_line
+
+if __name__ == "__main__":  # --help and the command line's mistakes, before the heavy imports.
+    command_line.preflight("evaluate", sys.argv[1:])
+
+from distillspec import console  # noqa: E402
 
 console.quiet_startup()  # Before anything imports TensorFlow.
 

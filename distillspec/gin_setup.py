@@ -13,11 +13,9 @@ touches the JAX backend.
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
 import inspect
 import os
-import pathlib
 import re
 import sys
 import traceback
@@ -26,7 +24,7 @@ from typing import Any
 
 import gin
 
-from distillspec import console, datagen, distributed, tasks, trainer
+from distillspec import command_line, datagen, distributed, tasks, trainer
 from distillspec.decoding.sampling import SamplingConfig
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
 from distillspec.models.drafts import DraftSpec
@@ -34,7 +32,7 @@ from distillspec.models.weight_checks import CheckpointError
 from distillspec.runs import disco, evaluate, online, plan, quickstart, train
 from distillspec.study import pipeline
 
-CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
+CONFIGS_DIR = command_line.CONFIGS_DIR
 
 
 @functools.cache
@@ -116,14 +114,14 @@ def scoped_bindings(scope_name: str, name: str) -> dict[str, Any]:
 MULTIPROCESS_RUNS = ("train",)  # The runs that use a device mesh; the others run on one device.
 
 
-def main(name: str, argv: list[str] | None = None) -> Any:
+def main(name: str, argv: list[str] | None = None, parents=()) -> Any:
     """`python -m distillspec.<name>`: parses the flags (`parse_command_line`), runs `name`.
 
     With --multiprocess, joins the other processes first (`distributed.initialize`). A run
     stopped by a preemption request (SIGTERM) has saved a checkpoint: it says so and exits
     with status `trainer.PREEMPTED_EXIT_CODE` (75); the same command resumes it.
     """
-    args = parse_command_line(list(argv if argv is not None else sys.argv[1:]), name)
+    args = parse_command_line(list(argv if argv is not None else sys.argv[1:]), name, parents)
     if args.multiprocess:
         return _main_multiprocess(name, args)
     try:
@@ -186,49 +184,17 @@ def _bound(name: str, default: Any) -> Any:
         return default
 
 
-def _add_multiprocess_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("multi-process runs (T5X's flags)")
-    group.add_argument(
-        "--multiprocess", action="store_true",
-        help="join a multi-process run (jax.distributed); addresses not given are detected "
-        "from the cluster (Cloud TPU VM metadata, SLURM, Open MPI)",
-    )  # fmt: skip
-    group.add_argument("--coordinator_address", help="host:port of process 0")
-    group.add_argument("--process_count", type=int, help="number of processes")
-    group.add_argument("--process_index", type=int, help="this process, in [0, process_count)")
-    group.add_argument(
-        "--initialization_timeout", type=int, default=300,
-        help="seconds to wait for the coordinator and every process (default 300)",
-    )  # fmt: skip
-
-
-def _binding(flag: str) -> str:
-    """'--gin.NAME=VALUE' -> 'NAME = VALUE'; a bare path or word VALUE is quoted for the user."""
-    name, _, value = flag[len("--gin.") :].partition("=")
-    if not value:
-        raise ValueError(f"gin flag {flag!r} needs a value: --gin.NAME=VALUE")
-    bare = value[0] not in "'\"@%[({-.0123456789" and value not in ("True", "False", "None")
-    return f"{name} = {value!r}" if bare else f"{name} = {value}"
-
-
-def parse_command_line(argv: list[str], run_name: str) -> argparse.Namespace:
+def parse_command_line(argv: list[str], run_name: str, parents=()) -> argparse.Namespace:
     """Parses T5X-style flags and loads the gin configuration they name.
 
     Flags: --gin_file (repeatable; searched in the working directory, --gin_search_paths and
     the repository's configs/), --gin.NAME=VALUE (repeatable bindings, applied after the
     files), --gin_search_paths=DIR[,DIR...], --tfds_data_dir=DIR (bound to
     `<run_name>.tfds_data_dir`); --multiprocess [--coordinator_address=HOST:PORT
-    --process_count=N --process_index=I] [--initialization_timeout=SECONDS] (see `main`).
+    --process_count=N --process_index=I] [--initialization_timeout=SECONDS] (see `main`);
+    `parents`: the entry point's own flags (`command_line.parser`, --help lists them too).
     """
-    parser = argparse.ArgumentParser(prog=f"python -m distillspec.{run_name}")
-    parser.add_argument("--gin_file", action="append", default=[], help="gin config file(s)")
-    parser.add_argument("--gin_search_paths", default="", help="comma-separated directories")
-    parser.add_argument("--tfds_data_dir", default=None, help="prepared TFDS data sets")
-    parser.add_argument(
-        console.VERBOSE_FLAG, action="store_true",
-        help="keep TensorFlow's, absl's and SentencePiece's start-up logs",
-    )  # fmt: skip
-    _add_multiprocess_flags(parser)
+    parser = command_line.parser(run_name, parents)
     args, rest = parser.parse_known_args(argv)
     unknown = [a for a in rest if not a.startswith("--gin.")]
     if unknown:
@@ -238,7 +204,7 @@ def parse_command_line(argv: list[str], run_name: str) -> argparse.Namespace:
         parser.error(
             "--coordinator_address, --process_count and --process_index need --multiprocess"
         )
-    bindings = [_binding(flag) for flag in rest]
+    bindings = [command_line.binding(flag) for flag in rest]
     if args.tfds_data_dir:
         bindings.append(f"{run_name}.tfds_data_dir = {args.tfds_data_dir!r}")
     load_config(args.gin_file, bindings, args.gin_search_paths.split(","))
@@ -285,14 +251,7 @@ def check_macros_referenced(names: list[str]) -> None:
         _macro_references(bindings, referenced)
     unused = sorted({n for n in names if "." not in n and "/" not in n} - referenced)
     if unused:
-        hints = []
-        for name in unused:
-            close = difflib.get_close_matches(name, sorted(referenced), n=1, cutoff=0.6)
-            hints.append(f"{name}" + (f" (did you mean {close[0]}?)" if close else ""))
-        raise ValueError(
-            f"gin macro(s) bound but never used by the configuration: {', '.join(hints)}; "
-            f"the macros this configuration reads: {', '.join(sorted(referenced))}"
-        )
+        raise ValueError(command_line.unused_macros_message(unused, referenced))
 
 
 _REQUIRED_BINDING = re.compile(r"^([\w./]+) = %gin\.REQUIRED$", re.MULTILINE)

@@ -142,5 +142,16 @@ def timing_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def eval_set(record: Mapping[str, Any]) -> str:
-    """A record's eval set, 'task/split' (one `evaluate_drafts` call's records share it)."""
-    return f"{record.get('task')}/{record.get('split')}"
+    """A record's eval set, 'task/split' (one `evaluate_drafts` call's records share it), the
+    task as `task_label` writes it."""
+    return f"{task_label(record.get('task'))}/{record.get('split')}"
+
+
+def task_label(task: Any) -> str:
+    """A task as a reader names it: a data file's registered seqio name
+    ('file:data.jsonl#92bc8a5c', its digest keeping two settings of one file apart) as the
+    file's name ('data.jsonl'); any other name as it is."""
+    text = str(task)
+    if text.startswith("file:") and "#" in text:
+        return text[len("file:") :].rsplit("#", 1)[0]
+    return text

@@ -340,3 +340,38 @@ def test_a_correct_page_has_no_problems(tmp_path):
         "```python\nimport distillspec.decoding.acceptance\n```\n"
     )
     assert page_problems(page) == []
+
+
+HELP_RUNS = ("plan", "train", "evaluate", "online", "disco")
+
+
+def docs_flags(texts) -> dict[str, set[str]]:
+    """{run: every --flag (not --gin.NAME) its `python -m distillspec.<run>` commands use}."""
+    found = {run: set() for run in HELP_RUNS}
+    for text in texts:
+        for module, *args in commands(text):
+            run = module.removeprefix("distillspec.")
+            if run in found:
+                found[run] |= {a.partition("=")[0] for a in args
+                               if a.startswith("--") and not a.startswith("--gin.")}  # fmt: skip
+    return found
+
+
+def test_every_flag_the_docs_use_is_listed_by_its_entry_points_help():
+    """`python -m distillspec.<run> --help` (run as a user runs it, in a fresh process) lists
+    every flag README.md and docs/ give that run; the docs' own commands are the reference."""
+    import subprocess
+    import sys
+
+    used = docs_flags(page.read_text() for page in DOCS)
+    assert {"--validate", "--measure_profile", "--profile", "--temperatures"} <= used["plan"]
+    assert "--gin_file" in used["train"]  # The parse finds the flags it compares.
+    missing = {}
+    for run in HELP_RUNS:
+        done = subprocess.run([sys.executable, "-m", f"distillspec.{run}", "--help"],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        listed = set(re.findall(r"--\w+", done.stdout))
+        if used[run] - listed:
+            missing[run] = sorted(used[run] - listed)
+    assert not missing, f"flags the docs use that --help does not list: {missing}"

@@ -142,12 +142,14 @@ def test_default_candidates_and_their_gin():
 
 def test_profile_round_trip_and_its_errors(tmp_path, target_dir):
     """A profile measured by --measure_profile prices the plan elsewhere (--profile) with the
-    same c; a profile without candidates, or missing one, is refused by name."""
+    same c; a profile without candidates, or missing one, is refused by name. At T = 1 (the
+    tiny pair's sampled rounds are dear enough for a small draft to win)."""
+    flags = lambda out, *extra: _flags(target_dir, out, "--gin.plan.temperature=1.0", *extra)
     path = tmp_path / "profile.json"
     # 9 timings (medians): a tiny pair's round is a difference of milliseconds, which 3 timings
     # left <= 0 three times running beside another job (a refused profile, not a wrong one).
     _run(["--measure_profile", str(path),
-          *_flags(target_dir, tmp_path / "m", "--gin.plan.timing_repeats=9")])  # fmt: skip
+          *flags(tmp_path / "m", "--gin.plan.timing_repeats=9")])  # fmt: skip
     raw = json.loads(path.read_text())
     assert set(raw["candidates"]) == {"fresh-1x32", "fresh-1x16", "target-layers-1"}
     assert set(raw["candidates"]["fresh-1x32"]["round_ms"]) == {"1", "2"}  # round_gammas
@@ -160,7 +162,7 @@ def test_profile_round_trip_and_its_errors(tmp_path, target_dir):
     raw["candidates"]["fresh-1x16"]["round_ms"] = {g: 1e4 for g in ("1", "2")}
     path.write_text(json.dumps(raw))
     out = tmp_path / "priced"
-    _run(["--profile", str(path), *_flags(target_dir, out, "--gin.PILOT_STEPS=0")])
+    _run(["--profile", str(path), *flags(out, "--gin.PILOT_STEPS=0")])
     result = json.loads((out / "plan.json").read_text())
     c = raw["candidates"]["fresh-1x32"]["draft_ms"]["1"] / raw["target_ms"]["1"]
     assert result["candidates"]["fresh-1x32"]["c"] == pytest.approx(c)
@@ -168,14 +170,14 @@ def test_profile_round_trip_and_its_errors(tmp_path, target_dir):
     assert result["order"][-1] == "fresh-1x16" and result["choice"] != "fresh-1x16"
     # Refused: a profile timed greedy for a plan that samples, one of another pair's
     # candidates, and one without any (disco's format).
-    assert raw["temperature"] == 1.0  # The plan's default: its rounds sampled.
+    assert raw["temperature"] == 1.0
     path.write_text(json.dumps({**raw, "temperature": 0.0}))
     with pytest.raises(ValueError, match="timed its rounds at temperature 0.0, the plan serves"):
-        _run(["--profile", str(path), *_flags(target_dir, out, "--gin.PILOT_STEPS=0")])
+        _run(["--profile", str(path), *flags(out, "--gin.PILOT_STEPS=0")])
     del raw["candidates"]["target-layers-1"]
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match=r"no costs for candidates \['target-layers-1'\]"):
-        _run(["--profile", str(path), *_flags(target_dir, out, "--gin.PILOT_STEPS=0")])
+        _run(["--profile", str(path), *flags(out, "--gin.PILOT_STEPS=0")])
     del raw["candidates"]
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="no 'candidates' section"):
@@ -247,3 +249,42 @@ def test_bad_plan_settings_are_refused_by_name(tmp_path, target_dir):
         _run(_flags(target_dir, tmp_path, "--gin.PILOT_STEPS=-1"))
     with pytest.raises(ValueError, match="--validate checks the pilot's predictions"):
         _run(["--validate", *_flags(target_dir, tmp_path, "--gin.PILOT_STEPS=0")])
+
+
+def test_the_plan_serves_at_the_targets_temperature_or_at_several_sharing_costs(
+    tmp_path, target_dir
+):
+    """The temperature comes from the target's generation_config.json (as transformers reads
+    it: no do_sample is greedy); --temperatures 0,1 plans both in one run: one timing of the
+    model calls, one pilot per candidate, a plan per temperature whose first line says which."""
+    from distillspec.runs.plan import target_temperature
+
+    assert target_temperature(str(tmp_path)) == ([0.0], "greedy: the target has no "
+                                                  "generation_config.json")  # fmt: skip
+    (tmp_path / "generation_config.json").write_text('{"do_sample": false}')
+    assert target_temperature(str(tmp_path))[0] == [0.0]
+    (tmp_path / "generation_config.json").write_text('{"do_sample": true, "temperature": 0.7}')
+    assert target_temperature(str(tmp_path))[0] == [0.7]
+    assert target_temperature(target_dir)[0] == [0.0]  # An export: special ids, greedy.
+    out = tmp_path / "both"
+    _run(["--temperatures", "0,1", *_flags(target_dir, out, "--gin.PILOT_STEPS=2")])
+    first = (out / "plan.md").read_text().splitlines()[0]
+    assert first.startswith("# Draft plan at temperature 0 (greedy; set by plan.temperature")
+    assert "T = 1 is in temperature-1/plan.md" in first
+    other = (out / "temperature-1" / "plan.md").read_text().splitlines()[0]
+    assert other.startswith("# Draft plan at temperature 1 (sampling") and "../plan.md" in other
+    greedy = json.loads((out / "plan.json").read_text())
+    sampled = json.loads((out / "temperature-1" / "plan.json").read_text())
+    assert (greedy["context"]["temperature"], sampled["context"]["temperature"]) == (0.0, 1.0)
+    assert greedy["profile"]["target_ms"] == sampled["profile"]["target_ms"]  # Shared calls.
+    assert greedy["profile"]["temperature"] == 0.0 and sampled["profile"]["temperature"] == 1.0
+    for name, row in greedy["candidates"].items():
+        if row["pilot"]:  # One pilot serves both temperatures.
+            assert row["pilot"]["seconds"] == sampled["candidates"][name]["pilot"]["seconds"]
+    assert sorted(p.name for p in (out / "pilot").iterdir()) == sorted(
+        n for n, r in greedy["candidates"].items() if r["pilot"]
+    )
+    with pytest.raises(ValueError, match="plan.temperature .* or plan.temperatures"):
+        _run(["--temperatures", "0,1", *_flags(target_dir, out, "--gin.plan.temperature=1.0")])
+    with pytest.raises(ValueError, match="--validate and --measure_profile take one temperature"):
+        _run(["--temperatures", "0,1", "--validate", *_flags(target_dir, out)])

@@ -410,5 +410,24 @@ def test_terminal_summary_without_latency_or_without_both_drafts():
     no_latency = [dict(r, latency_speedup=None) for r in _grid("t", "s", 0.0, 1.2, 1.0)]
     row = tables.terminal_summary(no_latency, "table.md").splitlines()[2]
     assert row.split()[2] == "7" and row.endswith("– → –")  # Best tau; latency not measured.
-    only_one = [r for r in no_latency if r["draft"] == "standard"]
-    assert tables.terminal_summary(only_one, "table.md") == ""
+    assert tables.terminal_summary([], "table.md") == ""
+
+
+def test_terminal_summary_of_drafts_of_any_name_and_a_readable_task():
+    """Drafts not named standard and distilled each get a line at their own best gamma, and a
+    data file's task reads as the file's name (not its registered 'file:NAME#digest')."""
+    renamed = {"standard": "fresh-1x64", "distilled": "target-layers-1"}
+    records = [dict(r, draft=renamed[r["draft"]], task="file:data.jsonl#92bc8a5c")
+               for r in _grid("t", "test", 0.0, 1.4, 1.1)]  # fmt: skip
+    lines = tables.terminal_summary(records, "table.md").splitlines()
+    assert lines[0].startswith("Summary:") and max(map(len, lines)) <= tables.SUMMARY_WIDTH
+    rows = [line.split() for line in lines[2:4]]
+    assert [r[0] for r in rows] == ["data.jsonl/test"] * 2
+    assert [r[2] for r in rows] == ["fresh-1x64", "target-layers-1"]
+    best = lambda name: max((r for r in records if r["draft"] == name),
+                            key=lambda r: r["latency_speedup"])  # fmt: skip
+    for row, name in zip(rows, ("fresh-1x64", "target-layers-1")):
+        assert int(row[3]) == best(name)["gamma"]
+        assert row[-1] == f"{best(name)['latency_speedup']:.2f}×"
+    table = tables.to_markdown(tables.records_to_table(records))
+    assert "| data.jsonl |" in table and "file:" not in table

@@ -116,49 +116,68 @@ def measure_plan_profile(
     target, target_params, drafts: Mapping[str, tuple[Any, Any]], prompt, gammas: Sequence[int],
     max_new_tokens: int, repeats: int = costs.REPEATS, temperature: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
-    """The plan's cost profile at batch 1 on prompt (tokens [1, P], lengths [1]) for serving at
-    `temperature` (its rounds and steps sample above 0, which costs more per call): the
-    `costs.measure_profiles` calls (target widths 1..max(gammas)+1, draft widths 1, 2) plus,
-    timed interleaved `repeats` times (medians), the decoder's own loop: 'plain_ms' {'step',
-    'outside'} and per draft 'round_ms' / 'outside_ms' by gamma (a static round; a run's
-    prefill, dispatch and output), at the `round_gammas` of gammas (compiling a program per
-    gamma and candidate is most of a plan's time; `predicted_speedup` interpolates)."""
+    """The plan's cost profile at one temperature (`measure_plan_profiles`)."""
+    return measure_plan_profiles(target, target_params, drafts, prompt, gammas, max_new_tokens,
+                                 repeats, [temperature])[temperature]  # fmt: skip
+
+
+def measure_plan_profiles(
+    target, target_params, drafts: Mapping[str, tuple[Any, Any]], prompt, gammas: Sequence[int],
+    max_new_tokens: int, repeats: int = costs.REPEATS, temperatures: Sequence[float] = (0.0,),
+) -> dict[float, dict[str, Any]]:  # fmt: skip
+    """{temperature: the plan's cost profile} at batch 1 on prompt (tokens [1, P], lengths [1])
+    for serving at each temperature (rounds and steps sample above 0, which costs more per
+    call): the `costs.measure_profiles` calls (target widths 1..max(gammas)+1, draft widths 1,
+    2; model calls do not depend on the temperature, so every profile shares them) plus, timed
+    interleaved `repeats` times (medians), the decoder's own loop at each temperature:
+    'plain_ms' {'step', 'outside'} and per draft 'round_ms' / 'outside_ms' by gamma (a static
+    round; a run's prefill, dispatch and output), at the `round_gammas` of gammas (compiling a
+    program per gamma and candidate is most of a plan's time; `predicted_speedup`
+    interpolates)."""
     tokens, lengths = prompt
     widths = range(1, max(gammas) + 2)
     calls = costs.measure_profiles(target, target_params, drafts, tokens, lengths, widths,
                                    max_new_tokens, repeats, draft_widths=(1, 2))  # fmt: skip
-    loops = {("plain", 0): (target, target_params, None, None, None)}
     timed = round_gammas(gammas)
-    for name, (draft, draft_params) in drafts.items():
-        for gamma in timed:
-            loops[name, gamma] = (target, target_params, draft, draft_params,
-                                  sl.Lookahead("static", gamma))  # fmt: skip
-    sampling = SamplingConfig(temperature=temperature)
-    loop_timer = lambda t, tp, d, dp, policy: timing.decoder_round_timers(
-        t, tp, d, dp, tokens, lengths, policy, max_new_tokens, sampling=sampling
-    )[0][0]
-    timers = {key: loop_timer(*loop) for key, loop in loops.items()}
+    loops = {}
+    for temperature in temperatures:
+        loops[temperature, "plain", 0] = (target, target_params, None, None, None)
+        for name, (draft, draft_params) in drafts.items():
+            for gamma in timed:
+                loops[temperature, name, gamma] = (target, target_params, draft, draft_params,
+                                                   sl.Lookahead("static", gamma))  # fmt: skip
+    loop_timer = lambda temperature, t, tp, d, dp, policy: timing.decoder_round_timers(
+        t, tp, d, dp, tokens, lengths, policy, max_new_tokens,
+        sampling=SamplingConfig(temperature=temperature),
+    )[0][0]  # fmt: skip
+    timers = {key: loop_timer(key[0], *loop) for key, loop in loops.items()}
     runs = timing.interleaved(timers, repeats)[0]  # (per round, outside) per repeat.
     ms = {key: [1e3 * statistics.median(r[i] for r in rs) for i in (0, 1)]
           for key, rs in runs.items()}  # fmt: skip
     positive = lambda x: x if x > 0 else None
     first = next(iter(drafts))
     return {
-        "target_ms": calls[first]["target_ms"],
-        "draft_ms": calls[first]["draft_ms"],
-        "plain_ms": {"step": positive(ms["plain", 0][0]), "outside": ms["plain", 0][1]},
-        "max_new_tokens": max_new_tokens,
-        "temperature": temperature,
-        "candidates": {
-            name: {
-                "params": num_params(draft),
-                "megabytes": timing.megabytes(draft_params),
-                "draft_ms": calls[name]["draft_ms"],
-                "round_ms": {g: positive(ms[name, g][0]) for g in timed},
-                "outside_ms": {g: ms[name, g][1] for g in timed},
-            }
-            for name, (draft, draft_params) in drafts.items()
-        },
+        temperature: {
+            "target_ms": calls[first]["target_ms"],
+            "draft_ms": calls[first]["draft_ms"],
+            "plain_ms": {
+                "step": positive(ms[temperature, "plain", 0][0]),
+                "outside": ms[temperature, "plain", 0][1],
+            },  # fmt: skip
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "candidates": {
+                name: {
+                    "params": num_params(draft),
+                    "megabytes": timing.megabytes(draft_params),
+                    "draft_ms": calls[name]["draft_ms"],
+                    "round_ms": {g: positive(ms[temperature, name, g][0]) for g in timed},
+                    "outside_ms": {g: ms[temperature, name, g][1] for g in timed},
+                }
+                for name, (draft, draft_params) in drafts.items()
+            },
+        }
+        for temperature in temperatures
     }
 
 

@@ -20,6 +20,7 @@ Pilots and full runs resume from their MODEL_DIRs under OUTPUT_DIR.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import statistics
@@ -49,7 +50,7 @@ RECIPE = "distill"  # The gin scope whose `train` bindings are the recipe (unsco
 PROXY_SHARE = 0.25  # The trainer's acceptance proxy averaged over the pilot's last quarter.
 
 
-def _check(pilot_steps, estimate, profile, measure_profile, gammas, temperature, validate):
+def _check(pilot_steps, estimate, profile, measure_profile, gammas, temperatures, validate):
     if not (isinstance(pilot_steps, int) and pilot_steps >= 0):
         raise ValueError(f"plan.pilot_steps must be an integer >= 0 (0: no pilot), got "
                          f"{pilot_steps!r}")  # fmt: skip
@@ -61,11 +62,15 @@ def _check(pilot_steps, estimate, profile, measure_profile, gammas, temperature,
                          "(write one here)")  # fmt: skip
     if not gammas or any(not (isinstance(g, int) and 1 <= g <= 32) for g in gammas):
         raise ValueError(f"plan.gammas must be integers in [1, 32], got {gammas!r}")
-    if not (isinstance(temperature, (int, float)) and temperature >= 0):
-        raise ValueError(f"plan.temperature must be >= 0, got {temperature!r}")
-    if estimate.startswith("proxy") and temperature != 1:
-        raise ValueError("plan.estimate = 'proxy' is the trainer's acceptance at T = 1; at "
-                         f"temperature {temperature} use 'held_out'")  # fmt: skip
+    for temperature in temperatures:
+        if not (isinstance(temperature, (int, float)) and temperature >= 0):
+            raise ValueError(f"plan.temperature(s) must be >= 0, got {temperature!r}")
+        if estimate.startswith("proxy") and temperature != 1:
+            raise ValueError("plan.estimate = 'proxy' is the trainer's acceptance at T = 1; at "
+                             f"temperature {temperature} use 'held_out'")  # fmt: skip
+    if len(temperatures) > 1 and (validate or measure_profile):
+        raise ValueError(f"--validate and --measure_profile take one temperature, got "
+                         f"{list(temperatures)}: run them once per temperature")  # fmt: skip
     if validate and not pilot_steps:
         raise ValueError("--validate checks the pilot's predictions: set plan.pilot_steps > 0")
 
@@ -76,7 +81,8 @@ def plan(
     candidates: Sequence[DraftSpec] | None = None,
     checkpoints_given: Sequence[str] = (),
     gammas: Sequence[int] = tuple(range(1, 9)),
-    temperature: float = 1.0,
+    temperature: float | None = None,
+    temperatures: Sequence[float] | None = None,
     pilot_steps: int = 50,
     estimate: str = "held_out+curve",
     eval_split: str = "validation",
@@ -95,15 +101,20 @@ def plan(
     stage: quickstart.StageFn,
     bindings: quickstart.BindingsFn,
 ) -> dict[str, Any]:
-    """Plans (and with `validate` checks) which draft to train; returns plan.json's content.
+    """Plans (and with `validate` checks) which draft to train; returns plan.json's content
+    (the first temperature's).
 
     Args:
-      output_dir: OUTPUT_DIR (plan.*, draft.gin, pilot/<candidate>, validate/<candidate>).
+      output_dir: OUTPUT_DIR (plan.*, draft.gin, drafts/, pilot/<candidate>,
+        validate/<candidate>; a second temperature's plan in temperature-<T>/).
       teacher_checkpoint: the target (Hugging Face or T5X directory); None: the embedded
         default's target (the quickstart's target/ stage, through the model cache).
       candidates: DraftSpecs to price (named by their sizes) instead of the default grid.
       checkpoints_given: draft checkpoint directories priced beside them (warm starts).
-      gammas: lookaheads priced; temperature: the serving temperature.
+      gammas: lookaheads priced.
+      temperature / temperatures: the serving temperature, or several planned in one run
+        (costs and pilots shared; the first one's plan in output_dir); None: the target's own
+        (`target_temperature`: greedy, T = 0, unless its generation_config.json samples).
       pilot_steps: steps of each pilot distillation (0: no pilot, candidates ranked by the
         acceptance rate they need to break even).
       estimate: the pilot draft's acceptance: 'held_out' (1 - mean TVD to the target on
@@ -113,13 +124,14 @@ def plan(
         default ranked the embedded default's full runs right in both checks.
       timing_repeats: interleaved timings per cost (medians).
       profile / measure_profile: price with a profile from the serving machine / only measure
-        one here and write it (`planning.measure_plan_profile`).
+        one here and write it (`planning.measure_plan_profiles`).
       validate, json_path, validate_prompts, latency_prompts: the check (module docstring).
       seed: the candidates' random weights and the pilots' data order.
       stage, bindings: the gin layer's run functions and their arguments (the recipe: the
         distill/ scope's `train`; the check's `evaluate` under evaluate/).
     """
-    _check(pilot_steps, estimate, profile, measure_profile, gammas, temperature, validate)
+    explicit = _explicit_temperatures(temperature, temperatures)
+    _check(pilot_steps, estimate, profile, measure_profile, gammas, explicit, validate)
     gammas = sorted(set(gammas))
     checkpoints.check_writable(output_dir)
     recipe = with_defaults(bindings(RECIPE, "train"))
@@ -127,6 +139,8 @@ def plan(
         teacher_checkpoint = quickstart.pretrained(
             output_dir, stage, bindings, cache_models, model_cache_dir, names=("target",)
         )[0]
+    temps, source = (explicit, None) if explicit else target_temperature(teacher_checkpoint)
+    _check(pilot_steps, estimate, profile, measure_profile, gammas, temps, validate)
     target, target_params, chosen, drafts, task, bos = _open(
         teacher_checkpoint, candidates, checkpoints_given, recipe, seed
     )
@@ -135,41 +149,99 @@ def plan(
                           bos)[(task, eval_split)]  # fmt: skip
     decoding = lambda pair: for_decoding(*pair, "float32")
     target, target_params = decoding((target, target_params))
-    costs = _costs(profile, target, target_params, {n: decoding(p) for n, p in drafts.items()},
-                   batches[0], gammas, lengths["targets"], timing_repeats, temperature)  # fmt: skip
+    profiles = _costs(profile, target, target_params, {n: decoding(p) for n, p in drafts.items()},
+                      batches[0], gammas, lengths["targets"], timing_repeats, temps)  # fmt: skip
     if measure_profile:
-        untimed = planning.untimed(costs)
-        if untimed:
-            raise RuntimeError(
-                f"these costs came out <= 0 (the machine was busy while timing): {untimed}; "
-                "measure again on a quiet machine or with more --gin.plan.timing_repeats"
-            )
-        write_json_atomic(measure_profile, costs)
-        print(f"[plan] cost profile of {len(drafts)} candidates written to {measure_profile}",
-              file=sys.stderr)  # fmt: skip
-        return costs
-    rows = {c.name: _priced(c, costs, gammas) for c in chosen}
+        return _write_profile(measure_profile, profiles[temps[0]], len(drafts))
+    rows = {t: {c.name: _priced(c, profiles[t], gammas) for c in chosen} for t in temps}
     if pilot_steps:
-        reference = _continuations(target, target_params, batches, temperature, lengths, seed)
+        references = {t: _continuations(target, target_params, batches, t, lengths, seed)
+                      for t in temps}  # fmt: skip
         # The check (validate) trains every candidate, so it pilots every one: its prediction
-        # for a candidate marked never wins is checked too.
-        for candidate in (c for c in chosen if validate or not rows[c.name]["never_wins"]):
-            row = rows[candidate.name]
-            row["pilot"] = _pilot(
+        # for a candidate marked never wins is checked too. A pilot serves every temperature.
+        for candidate in chosen:
+            if not validate and all(rows[t][candidate.name]["never_wins"] for t in temps):
+                continue
+            common, held_out = _pilot(
                 candidate, os.path.join(output_dir, "pilot", candidate.name), pilot_steps,
-                teacher_checkpoint, recipe, stage, (target, target_params), reference,
-                temperature, vocab_size,
+                teacher_checkpoint, recipe, stage, (target, target_params), references,
+                vocab_size,
             )  # fmt: skip
-            _predict(candidate.name, row, costs, estimate, gammas, lengths["targets"])
-    context = dict(teacher_checkpoint=teacher_checkpoint, gammas=gammas, temperature=temperature,
-                   pilot_steps=pilot_steps, estimate=estimate, profile=profile)  # fmt: skip
-    result = plan_report.finish(output_dir, chosen, rows, costs, _context(recipe, **context))
+            for t in temps:
+                row = rows[t][candidate.name]
+                row["pilot"] = dict(common, held_out=held_out[t])
+                _predict(candidate.name, row, profiles[t], estimate, gammas, lengths["targets"])
+    results = {}
+    for t in temps:
+        context = dict(teacher_checkpoint=teacher_checkpoint, gammas=gammas, temperature=t,
+                       temperature_source=source, temperatures=temps, pilot_steps=pilot_steps,
+                       estimate=estimate, profile=profile)  # fmt: skip
+        results[t] = plan_report.finish(
+            temperature_dir(output_dir, t, temps), chosen, rows[t], profiles[t],
+            _context(recipe, **context),
+        )  # fmt: skip
+    result = results[temps[0]]
     if validate:
         check = _validate(output_dir, chosen, result, teacher_checkpoint, recipe, stage,
-                          temperature, validate_prompts, latency_prompts)  # fmt: skip
+                          temps[0], validate_prompts, latency_prompts)  # fmt: skip
         plan_report.write_validation(output_dir, check, json_path)
         result["validation"] = check
     return result
+
+
+def _explicit_temperatures(temperature, temperatures) -> list:
+    """The temperatures the configuration names ([]: the target's own)."""
+    if temperature is not None and temperatures is not None:
+        raise ValueError(f"give plan.temperature ({temperature!r}) or plan.temperatures "
+                         f"({temperatures!r}, --temperatures), not both")  # fmt: skip
+    if temperatures is not None and (isinstance(temperatures, (str, int, float))
+                                     or not temperatures):  # fmt: skip
+        raise ValueError(f"plan.temperatures must be a non-empty list, got {temperatures!r}")
+    found = list(temperatures) if temperatures is not None else []
+    found += [temperature] if temperature is not None else []
+    if len(set(found)) != len(found):
+        raise ValueError(f"plan.temperatures lists a temperature twice: {found}")
+    return found
+
+
+def target_temperature(checkpoint: str) -> tuple[list[float], str]:
+    """([the temperature the target serves at], why): its generation_config.json's, read as
+    `transformers` reads it (no file, or no do_sample: greedy, T = 0; do_sample true: its
+    temperature, 1 if unset)."""
+    path = os.path.join(checkpoint, "generation_config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        config = None
+    if config and config.get("do_sample"):
+        value = float(config.get("temperature", 1.0))
+        return [
+            value
+        ], f"the target's generation_config.json: do_sample true, temperature {value:g}"
+    if config is None:
+        return [0.0], "greedy: the target has no generation_config.json"
+    said = "do_sample false" if "do_sample" in config else "no do_sample"
+    return [0.0], f"greedy: the target's generation_config.json has {said}"
+
+
+def temperature_dir(output_dir: str, temperature: float, temperatures: Sequence[float]) -> str:
+    """Where the plan at `temperature` goes: output_dir for the first, else a subdirectory."""
+    if temperature == temperatures[0]:
+        return output_dir
+    return os.path.join(output_dir, f"temperature-{temperature:g}")
+
+
+def _write_profile(path: str, costs: dict[str, Any], count: int) -> dict[str, Any]:
+    untimed = planning.untimed(costs)
+    if untimed:
+        raise RuntimeError(
+            f"these costs came out <= 0 (the machine was busy while timing): {untimed}; "
+            "measure again on a quiet machine or with more --gin.plan.timing_repeats"
+        )
+    write_json_atomic(path, costs)
+    print(f"[plan] cost profile of {count} candidates written to {path}", file=sys.stderr)
+    return costs
 
 
 def _open(teacher_checkpoint, candidates, checkpoints_given, recipe, seed):
@@ -240,13 +312,15 @@ def _spec_name(spec: DraftSpec) -> str:
 
 
 def _costs(profile, target, target_params, drafts, batch, gammas, max_new_tokens, repeats,
-           temperature):  # fmt: skip
-    """The plan's profile: read from `profile` (checked against the candidates), else measured
-    here on the first held-out prompt (again, up to 3 times, while a cost times <= 0)."""
+           temperatures):  # fmt: skip
+    """{temperature: the plan's profile}: read from `profile` (checked against the candidates),
+    else measured here on the first held-out prompt (again, up to 3 times, while a cost times
+    <= 0)."""
     if profile:
         costs = planning.load_plan_profile(profile)
-        planning.check_profile_covers(costs, list(drafts), gammas, temperature)
-        return costs
+        for temperature in temperatures:
+            planning.check_profile_covers(costs, list(drafts), gammas, temperature)
+        return {t: costs for t in temperatures}
     print(
         f"[plan] timing {len(drafts)} candidates at batch 1 with random weights "
         f"(gammas {gammas[0]}..{gammas[-1]}, {repeats} repeats)",
@@ -254,10 +328,11 @@ def _costs(profile, target, target_params, drafts, batch, gammas, max_new_tokens
         flush=True,
     )
     prompt = (np.asarray(batch["prompt_tokens"])[:1], np.asarray(batch["prompt_lengths"])[:1])
-    measure = lambda: planning.measure_plan_profile(
-        target, target_params, drafts, prompt, gammas, max_new_tokens, repeats, temperature
+    measure = lambda: planning.measure_plan_profiles(
+        target, target_params, drafts, prompt, gammas, max_new_tokens, repeats, temperatures
     )
-    return until_timed(measure, planning.untimed)[0]  # The caller refuses what stays untimed.
+    untimed = lambda found: [u for p in found.values() for u in planning.untimed(p)]
+    return until_timed(measure, untimed)[0]  # The caller refuses what stays untimed.
 
 
 def _priced(candidate, costs, gammas) -> dict[str, Any]:
@@ -287,11 +362,12 @@ def _continuations(target, target_params, batches, temperature, lengths, seed):
     return batches, results, sampling
 
 
-def _pilot(candidate, model_dir, steps, teacher_checkpoint, recipe, stage, target, reference,
-           temperature, vocab_size) -> dict[str, Any]:  # fmt: skip
+def _pilot(candidate, model_dir, steps, teacher_checkpoint, recipe, stage, target, references,
+           vocab_size) -> tuple[dict[str, Any], dict[float, float | None]]:  # fmt: skip
     """The first `steps` steps of the candidate's run with the recipe (`LoopConfig.stop_at`:
-    the full run's schedule, so the pilot is that run's prefix); its acceptance both ways, and
-    how far its learning curve says the full run's disagreement shrinks (`curve_ratio`)."""
+    the full run's schedule, so the pilot is that run's prefix): its steps, seconds, the
+    trainer's acceptance proxy and how far its learning curve says the full run's disagreement
+    shrinks (`curve_ratio`); and {temperature: its held-out acceptance} for each reference."""
     print(f"[plan] pilot of {candidate.name}: {steps} steps", file=sys.stderr, flush=True)
     start = time.perf_counter()
     loop = dataclasses.replace(recipe["loop"], stop_at=min(steps, recipe["loop"].train_steps))
@@ -299,18 +375,19 @@ def _pilot(candidate, model_dir, steps, teacher_checkpoint, recipe, stage, targe
     seconds = time.perf_counter() - start
     draft, draft_params = for_decoding(*load_checkpoint(os.path.join(model_dir, "export")),
                                        "float32")  # fmt: skip
-    batches, continuations, sampling = reference
-    tvd = mean_tvd(*target, draft, draft_params, batches, continuations, sampling, vocab_size)
+    held_out = {}
+    for temperature, (batches, continuations, sampling) in references.items():
+        tvd = mean_tvd(*target, draft, draft_params, batches, continuations, sampling, vocab_size)
+        held_out[temperature] = 1.0 - tvd if math.isfinite(tvd) else None
     curve = [(m["step"], m["acceptance_proxy"])
              for m in metrics.read_metrics(model_dir)
              if m.get("acceptance_proxy") is not None]  # fmt: skip
     tail = [p for _, p in curve[-max(1, int(len(curve) * PROXY_SHARE)) :]]
     return {
         "steps": steps, "seconds": round(seconds, 1),
-        "held_out": 1.0 - tvd if math.isfinite(tvd) else None,
         "proxy": statistics.fmean(tail) if tail else None,
         "curve_ratio": planning.curve_ratio(curve, recipe["loop"].train_steps),
-    }  # fmt: skip
+    }, held_out  # fmt: skip
 
 
 def _train(stage, candidate, model_dir, teacher_checkpoint, loop) -> str:

@@ -89,7 +89,7 @@ def markdown(result: Mapping[str, Any], headline: str) -> str:
     """plan.md: the headline, one row per candidate, the acceptance needed per gamma."""
     ctx, rows = result["context"], result["candidates"]
     gammas = ctx["gammas"]
-    out = [f"# Draft plan\n\n**{headline}.**\n",
+    out = [f"# {title(ctx)}\n\n**{headline}.**\n",
            f"Target `{ctx['teacher_checkpoint']}`, data `{ctx['task']}`, temperature "
            f"{ctx['temperature']:g}, costs "
            + (f"from the profile `{ctx['profile']}`" if ctx["profile"] else "measured here")
@@ -122,6 +122,26 @@ def markdown(result: Mapping[str, Any], headline: str) -> str:
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     out += ["", "![predicted speed-up against draft parameters](plan.png)", ""]
     return "\n".join(out)
+
+
+def title(ctx: Mapping[str, Any]) -> str:
+    """plan.md's first line: the temperature planned, why, and how to plan for another."""
+    temperature, temps = ctx["temperature"], ctx.get("temperatures") or [ctx["temperature"]]
+    mode = "greedy" if temperature == 0 else "sampling"
+    why = ctx.get("temperature_source") or "set by plan.temperature(s)"
+    out = f"Draft plan at temperature {temperature:g} ({mode}; {why})"
+    others = [t for t in temps if t != temperature]
+    if others:
+        where = lambda t: "plan.md" if t == temps[0] else f"temperature-{t:g}/plan.md"
+        first = temperature == temps[0]
+        return (
+            out
+            + ": the plan at "
+            + ", ".join(f"T = {t:g} is in {'' if first else '../'}{where(t)}" for t in others)
+        )
+    other = 1 if temperature == 0 else 0
+    return (f"{out}: to plan for T = {other} instead, add --temperatures {other}, or both in "
+            f"one run: --temperatures {temperature:g},{other}")  # fmt: skip
 
 
 def summary(result: Mapping[str, Any], headline: str, output_dir: str) -> str:
