@@ -7,6 +7,12 @@ Conventions (paper, Appendix A.1):
   * Reductions return ``(loss_sum, weight_sum)``: sums over all tokens of ``value * weight``
     and of ``weight``. Normalisation happens once, on the host at logging time, via `mean`.
 
+Beside DistillSpec's four divergences, the LK losses (Samarin et al., arXiv 2602.23881) train
+for the acceptance rate alpha(p, q) = sum_v min(p_v, q_v) itself: 'lk_alpha' = -log alpha,
+'lk_lambda' = lambda KL(p || q) + (1 - lambda) TVD(p, q) with a per-token lambda =
+exp(-eta sg[alpha]), 'lk_lambda_mean' the same with one lambda from the mean alpha of the
+tokens the call sees (the paper's batch-level weight).
+
 Everything is computed in float32 from ``log_softmax`` of the logits; masking is by
 multiplication (shapes stay fixed, no boolean indexing), so a weight-0 token contributes exactly
 0 to the loss and to the gradient. Both temperatures are 1.0, as in the paper.
@@ -20,7 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-KINDS = ("fkl", "rkl", "jsd", "tvd")
+KINDS = ("fkl", "rkl", "jsd", "tvd", "lk_alpha", "lk_lambda", "lk_lambda_mean")
+LK_ETA = 3.0  # The LK^lambda paper's eta: lambda = exp(-eta alpha).
 
 
 def _log_probs(logits: ArrayLike) -> jax.Array:
@@ -132,17 +139,91 @@ def tvd_of_probs(p: ArrayLike, q: ArrayLike) -> jax.Array:
     return 0.5 * jnp.sum(jnp.abs(jnp.asarray(p) - jnp.asarray(q)), axis=-1)
 
 
+def log_acceptance(log_p: ArrayLike, log_q: ArrayLike) -> jax.Array:
+    """log alpha(p, q) = log sum_v min(p_v, q_v) from log-probabilities [..., V] -> [...].
+
+    Computed as logsumexp(min(log p, log q)), so it stays finite (with a finite gradient)
+    however small alpha is: no probability is exponentiated before the log, and no clamp is
+    needed (alpha = 1e-60 is log alpha = -138, well inside float32)."""
+    return jax.nn.logsumexp(jnp.minimum(jnp.asarray(log_p), jnp.asarray(log_q)), axis=-1)
+
+
+def lk_alpha(student_logits: ArrayLike, teacher_logits: ArrayLike) -> jax.Array:
+    """LK^alpha per token: -log alpha(p, q), alpha = sum_v min(p_v, q_v) the probability that
+    speculative decoding accepts a token drafted from q for target p (Samarin et al., 2026).
+
+    Args:
+      student_logits: [B, L, V] logits of the student q.
+      teacher_logits: [B, L, V] logits of the teacher p.
+
+    Returns:
+      [B, L] float32 losses, >= 0 (0 where q = p).
+    """
+    return -log_acceptance(_log_probs(teacher_logits), _log_probs(student_logits))
+
+
+def lk_lambda(
+    student_logits: ArrayLike, teacher_logits: ArrayLike, eta: float = LK_ETA
+) -> jax.Array:
+    """LK^lambda per token: lambda KL(p || q) + (1 - lambda) TVD(p, q), lambda =
+    exp(-eta stop_gradient(alpha(p, q))): mostly KL while the draft is far from the target
+    (alpha small, where TVD's gradient vanishes), mostly TVD = 1 - alpha once it is close.
+
+    Args:
+      student_logits: [B, L, V] logits of the student q.
+      teacher_logits: [B, L, V] logits of the teacher p.
+      eta: lambda's decay rate, >= 0 (0: forward KL alone).
+
+    Returns:
+      [B, L] float32 losses, >= 0.
+    """
+    log_p, log_q = _log_probs(teacher_logits), _log_probs(student_logits)
+    return _lk_lambda_from_log_probs(log_p, log_q, _check_eta(eta), mean_weights=None)
+
+
+def _lk_lambda_from_log_probs(log_p, log_q, eta: float, mean_weights) -> jax.Array:
+    """`lk_lambda` of log-probabilities [..., V] -> [...]; with `mean_weights` [...], one
+    lambda for all tokens, from their weighted mean alpha ('lk_lambda_mean')."""
+    alpha = jax.lax.stop_gradient(jnp.exp(log_acceptance(log_p, log_q)))
+    if mean_weights is not None:
+        alpha = mean(*_weighted_sum(alpha, mean_weights))
+    lam = jnp.exp(-eta * alpha)
+    tvd = tvd_of_probs(jnp.exp(log_p), jnp.exp(log_q))
+    return lam * _kl_from_log_probs(log_p, log_q) + (1.0 - lam) * tvd
+
+
+def _per_token(kind: str, log_p, log_q, beta: float, eta: float, weights) -> jax.Array:
+    """The per-token divergence `kind` (any but the 'fkl' custom-VJP path of
+    `distillation_sums`) of teacher and student log-probabilities [..., V] -> [...]."""
+    if kind == "fkl":
+        return _kl_from_log_probs(log_p, log_q)
+    if kind == "rkl":
+        return _kl_from_log_probs(log_q, log_p)
+    if kind == "jsd":
+        return _jsd_from_log_probs(log_p, log_q, beta)
+    if kind == "tvd":
+        return tvd_of_probs(jnp.exp(log_p), jnp.exp(log_q))
+    if kind == "lk_alpha":
+        return -log_acceptance(log_p, log_q)
+    mean_weights = weights if kind == "lk_lambda_mean" else None
+    return _lk_lambda_from_log_probs(log_p, log_q, eta, mean_weights)
+
+
 def divergence(
     student_logits: ArrayLike,
     teacher_logits: ArrayLike,
     weights: ArrayLike,
     kind: str,
     beta: float = 0.5,
+    eta: float = LK_ETA,
 ) -> tuple[jax.Array, jax.Array]:
     """Weighted sum of a per-token divergence between teacher p and student q.
 
     kind: 'fkl' = KL(p_teacher || q_student), 'rkl' = KL(q_student || p_teacher),
-    'jsd' = JSD[beta](p_teacher || q_student) (see `generalized_jsd`), 'tvd' = TVD(p, q).
+    'jsd' = JSD[beta](p_teacher || q_student) (see `generalized_jsd`), 'tvd' = TVD(p, q),
+    'lk_alpha' = -log alpha(p, q) (`lk_alpha`), 'lk_lambda' = `lk_lambda` (per-token lambda),
+    'lk_lambda_mean' = the same with lambda = exp(-eta sg[mean alpha]), the weighted mean over
+    this call's tokens (one chunk of the train step's, the whole batch when it fits one).
 
     Args:
       student_logits: [B, L, V] logits of the student q (gradients flow here).
@@ -150,33 +231,43 @@ def divergence(
       weights: [B, L] non-negative token weights; 0 masks a token (padding, prompt).
       kind: one of `KINDS`.
       beta: JSD mixture weight in [0, 1]; validated for every kind, used only by 'jsd'.
+      eta: LK^lambda's decay rate, >= 0; validated for every kind, used only by the lk_lambda
+        kinds.
 
     Returns:
       (loss_sum, weight_sum): float32 scalars, sum_{b,l} D_{b,l} w_{b,l} and sum_{b,l} w_{b,l}.
 
     Raises:
-      ValueError: on an unknown kind, beta outside [0, 1], or mismatched shapes.
+      ValueError: on an unknown kind, beta outside [0, 1], eta < 0, or mismatched shapes.
     """
-    beta = _check_arguments(student_logits, teacher_logits, weights, kind, beta)
-    student_logits = _zero_masked(student_logits, weights)
-    teacher_logits = _zero_masked(teacher_logits, weights)
-    if kind == "fkl":
-        per_token = forward_kl(student_logits, teacher_logits)
-    elif kind == "rkl":
-        per_token = reverse_kl(student_logits, teacher_logits)
-    elif kind == "jsd":
-        per_token = generalized_jsd(student_logits, teacher_logits, beta)
-    else:
-        per_token = total_variation(student_logits, teacher_logits)
+    per_token = token_divergence(student_logits, teacher_logits, weights, kind, beta, eta)
     return _weighted_sum(per_token, weights)
 
 
-def _check_arguments(student_logits, teacher_logits, weights, kind: str, beta: float) -> float:
-    """Validates a divergence's arguments (see `divergence`); returns beta as a float."""
+def token_divergence(
+    student_logits: ArrayLike,
+    teacher_logits: ArrayLike,
+    weights: ArrayLike,
+    kind: str,
+    beta: float = 0.5,
+    eta: float = LK_ETA,
+) -> jax.Array:
+    """`divergence`'s per-token values [B, L] before the weighted sum (0 where the weight is
+    0), e.g. for AdaSPEC's token selection (`distillspec.selection`); same arguments."""
+    beta, eta = _check_arguments(student_logits, teacher_logits, weights, kind, beta, eta)
+    log_q = _log_probs(_zero_masked(student_logits, weights))
+    log_p = _log_probs(_zero_masked(teacher_logits, weights))
+    per_token = _per_token(kind, log_p, log_q, beta, eta, weights)
+    return jnp.where(jnp.asarray(weights) != 0, per_token, 0.0)
+
+
+def _check_arguments(student_logits, teacher_logits, weights, kind: str, beta: float,
+                     eta: float) -> tuple[float, float]:  # fmt: skip
+    """Validates a divergence's arguments (see `divergence`); returns (beta, eta) as floats."""
     if kind not in KINDS:
         raise ValueError(f"Unknown divergence kind {kind!r}; valid kinds are {KINDS}.")
     _check_shapes(student_logits, teacher_logits, weights)
-    return _check_beta(beta)
+    return _check_beta(beta), _check_eta(eta)
 
 
 def distillation_sums(
@@ -185,6 +276,8 @@ def distillation_sums(
     weights: ArrayLike,
     kind: str,
     beta: float = 0.5,
+    eta: float = LK_ETA,
+    metric_weights: ArrayLike | None = None,
 ) -> dict[str, jax.Array]:
     """The distillation step's loss and metric sums from one log-softmax per distribution.
 
@@ -201,33 +294,36 @@ def distillation_sums(
       weights: [B, L] non-negative token weights; 0 masks a token.
       kind: one of `KINDS`.
       beta: JSD mixture weight in [0, 1]; validated for every kind, used only by 'jsd'.
+      eta: LK^lambda's decay rate, >= 0 (used only by the lk_lambda kinds).
+      metric_weights: [B, L] the acceptance metric's own weights (non-zero wherever `weights`
+        is), e.g. every token where the loss keeps a selection of them; None: `weights`.
 
     Returns:
       float32 scalars {'loss_sum', 'weight_sum', 'acceptance_sum'}: sum D w, sum w and
-      sum (1 - TVD) w; the acceptance sum carries no gradient.
+      sum (1 - TVD) w (w: metric_weights when given, with their sum as 'metric_weight_sum');
+      the acceptance sum carries no gradient.
 
     Raises:
-      ValueError: on an unknown kind, beta outside [0, 1], or mismatched shapes.
+      ValueError: on an unknown kind, beta outside [0, 1], eta < 0, or mismatched shapes.
     """
-    beta = _check_arguments(student_logits, teacher_logits, weights, kind, beta)
-    student_logits = _zero_masked(student_logits, weights)
-    log_p = _log_probs(_zero_masked(teacher_logits, weights))
+    beta, eta = _check_arguments(student_logits, teacher_logits, weights, kind, beta, eta)
+    seen = weights if metric_weights is None else metric_weights
+    student_logits = _zero_masked(student_logits, seen)
+    log_p = _log_probs(_zero_masked(teacher_logits, seen))
     p = jnp.exp(log_p)
     if kind == "fkl":
         per_token, q = _forward_kl_and_probs(student_logits, log_p)
     else:
         log_q = _log_probs(student_logits)
         q = jnp.exp(log_q)
-        if kind == "rkl":
-            per_token = _kl_from_log_probs(log_q, log_p)
-        elif kind == "jsd":
-            per_token = _jsd_from_log_probs(log_p, log_q, beta)
-        else:
-            per_token = tvd_of_probs(p, q)
+        per_token = _per_token(kind, log_p, log_q, beta, eta, weights)
     loss_sum, weight_sum = _weighted_sum(per_token, weights)
     accepted = jnp.sum(jnp.minimum(p, jax.lax.stop_gradient(q)), axis=-1)
-    acceptance_sum = _weighted_sum(accepted, weights)[0]
-    return {"loss_sum": loss_sum, "weight_sum": weight_sum, "acceptance_sum": acceptance_sum}
+    acceptance_sum, seen_sum = _weighted_sum(accepted, seen)
+    sums = {"loss_sum": loss_sum, "weight_sum": weight_sum, "acceptance_sum": acceptance_sum}
+    if metric_weights is not None:
+        sums["metric_weight_sum"] = seen_sum
+    return sums
 
 
 @jax.custom_vjp
@@ -415,6 +511,14 @@ def _check_beta(beta: float) -> float:
     if not 0.0 <= beta <= 1.0:  # also rejects NaN
         raise ValueError(f"JSD beta must be in [0, 1], got beta={beta}.")
     return beta
+
+
+def _check_eta(eta: float) -> float:
+    """Returns eta as a float, or raises ValueError unless eta >= 0."""
+    eta = float(eta)
+    if not eta >= 0.0:  # also rejects NaN
+        raise ValueError(f"LK eta must be >= 0, got eta={eta}.")
+    return eta
 
 
 def _check_shapes(student_logits: ArrayLike, teacher_logits: ArrayLike, weights: ArrayLike):

@@ -30,12 +30,10 @@ from distillspec import (
     losses,
     metrics,
     partitioning,
+    selection,
     teacher_cache,
 )
 from distillspec.checks import check_finite, check_finite_params
-from distillspec.decoding import speculative_generate
-from distillspec.decoding.sampling import SamplingConfig
-from distillspec.feature_converters import decodable, valid_rows
 from distillspec.models.layers import activation_mesh
 from distillspec.optimizers import (  # noqa: F401 (trainer.OptimizerConfig is the gin name)
     OPTIMIZERS,
@@ -43,6 +41,7 @@ from distillspec.optimizers import (  # noqa: F401 (trainer.OptimizerConfig is t
     make_optimizer,
     make_schedule,
 )
+from distillspec.student_eval import EvalConfig, evaluate_student  # noqa: F401 (gin names)
 
 DIVERGENCES = losses.KINDS + ("ce",)
 
@@ -58,8 +57,12 @@ class TrainState:
 class LossConfig:
     """What the student minimises."""
 
-    divergence: str = "fkl"  # 'fkl', 'rkl', 'jsd', 'tvd' against the teacher, or 'ce' on data.
+    divergence: str = "fkl"  # One of losses.KINDS against the teacher, or 'ce' on data.
     beta: float = 0.5  # JSD[beta] mixture weight in [0, 1] (only 'jsd' uses it).
+    eta: float = losses.LK_ETA  # LK^lambda's lambda = exp(-eta alpha), eta >= 0.
+    # AdaSPEC's token selection (`selection`): the fraction of a batch's tokens the loss keeps,
+    # those the draft fits worst beside the reference model (fit's reference_params); 1 = all.
+    select_fraction: float = 1.0
     # Tokens per device whose logits the heads and the loss compute at once (`heads`); None:
     # a [tokens, V] float32 chunk of about 64 MB (`heads.default_chunk_tokens`).
     chunk_tokens: int | None = None
@@ -71,6 +74,12 @@ class LossConfig:
             )
         if not 0 <= self.beta <= 1:
             raise ValueError(f"LossConfig.beta must be in [0, 1], got {self.beta!r}")
+        if not self.eta >= 0:
+            raise ValueError(f"LossConfig.eta must be >= 0, got {self.eta!r}")
+        if not 0 < self.select_fraction <= 1:
+            raise ValueError(
+                f"LossConfig.select_fraction must be in (0, 1], got {self.select_fraction!r}"
+            )
         tokens = self.chunk_tokens
         if tokens is not None and not (isinstance(tokens, int) and tokens >= 1):
             raise ValueError(
@@ -99,6 +108,7 @@ def train_step(
     teacher_params,
     batch: dict,
     tail_params=None,
+    reference_params=None,
     *,
     student,
     teacher,
@@ -124,6 +134,10 @@ def train_step(
       tail_params: student parameters whose distribution shapes the tail past a cached or served
         top-k (`losses.topk_teacher_logits`), e.g. the draft before online adaptation; None: the
         student's own.
+      reference_params: AdaSPEC's reference model (the student's architecture, distilled
+        toward the teacher): the loss then keeps loss.select_fraction of the batch's tokens,
+        those where the student's loss exceeds the reference's most (`selection`); the
+        acceptance metric still counts every token. None: every token.
       student, teacher: `models.base.ScoringModel`s (split at the head by `heads.head_of`).
       loss: the divergence (or 'ce') and the chunk size.
       optimizer: the optax transformation whose state is in `state`.
@@ -158,6 +172,12 @@ def train_step(
     # The top-k target's vocabulary (the teacher's); nothing else reads it.
     vocab_size = teacher.vocab_size if teacher_cache.LOG_PROBS in batch else None
     fn = functools.partial(_chunk_sums, student_head, teacher, loss, vocab_size)
+    if reference_params is not None:  # AdaSPEC: the loss on the selected tokens only.
+        target = functools.partial(_target, student_head, teacher, vocab_size)
+        chunked = selection.selected_chunks(
+            student_head, target, loss, (state.params, reference_params), (inputs, positions),
+            chunked, consts, size,
+        )  # fmt: skip
 
     def objective(params):
         hidden = student_head.features(params, inputs, positions)
@@ -181,13 +201,21 @@ def _chunk_sums(student_head, teacher, loss: LossConfig, vocab_size: int, head_p
     if loss.divergence == "ce":
         total, count = losses.cross_entropy(logits, chunk["targets"], chunk["weights"])
         return {"loss_sum": total, "weight_sum": count}
-    if "teacher" in chunk:
-        target = heads.head_of(teacher).apply(consts["teacher"], chunk["teacher"])
-    else:  # The tail past the top k in the student's (or tail_params') proportions.
-        shape = logits if "tail" not in chunk else student_head.apply(consts["tail"], chunk["tail"])
-        target = losses.topk_teacher_logits(chunk["log_probs"], chunk["ids"], vocab_size, shape)
+    target = _target(student_head, teacher, vocab_size, logits, chunk, consts)
     # The loss and the acceptance metric share each distribution's log-softmax.
-    return losses.distillation_sums(logits, target, chunk["weights"], loss.divergence, loss.beta)
+    return losses.distillation_sums(
+        logits, target, chunk["weights"], loss.divergence, loss.beta, loss.eta,
+        chunk.get("metric_weights"),
+    )  # fmt: skip
+
+
+def _target(student_head, teacher, vocab_size, logits, chunk: dict, consts: dict) -> jax.Array:
+    """The teacher's logits over one chunk: its head on its hidden states, or its top-k with
+    the tail in the student's (`logits`) or tail_params' proportions."""
+    if "teacher" in chunk:
+        return heads.head_of(teacher).apply(consts["teacher"], chunk["teacher"])
+    shape = logits if "tail" not in chunk else student_head.apply(consts["tail"], chunk["tail"])
+    return losses.topk_teacher_logits(chunk["log_probs"], chunk["ids"], vocab_size, shape)
 
 
 def compile_train_step(
@@ -226,8 +254,11 @@ def host_metrics(metrics: dict, learning_rate: float, seconds: float) -> dict:
         "grad_norm": float(metrics["grad_norm"]),
         "target_tokens": count,
     }
-    if "acceptance_sum" in metrics:
-        record["acceptance_proxy"] = float(losses.mean(metrics["acceptance_sum"], count))
+    if "acceptance_sum" in metrics:  # Over every token, also where the loss selects some.
+        seen = float(metrics.get("metric_weight_sum", count))
+        record["acceptance_proxy"] = float(losses.mean(metrics["acceptance_sum"], seen))
+        if "metric_weight_sum" in metrics:
+            record["selected_fraction"] = count / max(seen, 1e-9)
     return record
 
 
@@ -277,58 +308,6 @@ class LoopConfig:
             raise ValueError(
                 f"LoopConfig.data_shards must be None or an integer >= 1, got {shards!r}"
             )
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    """Periodic evaluation of the student as a draft during distillation (T5X's eval_period):
-    every `period` steps (and before the first step and after the last), the speculative
-    decoder runs the teacher as target and the current student as draft on `num_prompts`
-    held-out prompts of `split`, and MODEL_DIR/metrics.jsonl and TensorBoard get `eval_alpha`
-    (accepted / drafted) and `eval_tau` (tokens per target call) at that step, beside the
-    training batches' 1 - TVD proxy (`acceptance_proxy`). The decoding key is fixed
-    (PRNGKey(seed)), so successive figures differ only by the student."""
-
-    period: int = 0  # Steps between evaluations; 0 = no periodic evaluation.
-    num_prompts: int = 16  # Held-out prompts decoded per evaluation.
-    gamma: int = 5  # Drafts per round.
-    temperature: float = 1.0  # 0 = greedy.
-    split: str = "validation"  # The training task's split the prompts come from.
-    seed: int = 0  # The decoding key.
-
-    def __post_init__(self):
-        for name, minimum in (("period", 0), ("num_prompts", 1), ("gamma", 1), ("seed", 0)):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= minimum):
-                raise ValueError(
-                    f"EvalConfig.{name} must be an integer >= {minimum}, got {value!r}"
-                )
-        if not self.temperature >= 0:
-            raise ValueError(f"EvalConfig.temperature must be >= 0, got {self.temperature!r}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.period > 0
-
-
-def evaluate_student(models: Models, params, prompts, config: EvalConfig, eos_id, max_new_tokens):
-    """{'eval_alpha', 'eval_tau'} of the student drafting for the teacher over `prompts` (prompt
-    batches; rows with valid=False are not counted)."""
-    sums = np.zeros(4)  # accepted, drafted, generated tokens, target calls
-    for i, batch in enumerate(prompts):
-        rows = valid_rows(batch) > 0
-        batch = decodable(batch)
-        out = speculative_generate(
-            models.teacher, models.student, models.teacher_params, params,
-            batch["prompt_tokens"], batch["prompt_lengths"],
-            jax.random.fold_in(jax.random.PRNGKey(config.seed), i), gamma=config.gamma,
-            max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=config.temperature),
-            eos_id=eos_id,
-        )  # fmt: skip
-        fields = (out.accepted, out.drafted, out.lengths, out.target_calls)
-        sums += [float(np.sum(np.asarray(f)[rows])) for f in fields]
-    accepted, drafted, tokens, calls = sums
-    return {"eval_alpha": accepted / max(drafted, 1.0), "eval_tau": tokens / max(calls, 1.0)}
 
 
 # The exit status of a run stopped by a preemption request after saving its checkpoint:
@@ -518,6 +497,7 @@ def fit(
     teacher_topk: teacher_cache.TeacherTopK | None = None,
     served=None,
     tail_params=None,
+    reference_params=None,
     description: str = "training",
 ):
     """Trains the student from `params`, or resumes from MODEL_DIR's latest checkpoint.
@@ -535,12 +515,15 @@ def fit(
     resumes, from which step. With `teacher_topk` (one process, one data shard), steps whose
     every row is fixed data read the teacher's cached top-k instead of running the teacher
     (`teacher_cache`); so do served steps (lambda0) from `served` (`served.ServedData`), the
-    tail past the top k shaped by `tail_params` (`train_step`). Returns the final parameters."""
+    tail past the top k shaped by `tail_params` (`train_step`); with `reference_params` (AdaSPEC)
+    the loss keeps loss.select_fraction of each batch's tokens. Returns the final parameters."""
     if isinstance(data, datagen.ExampleStore):
         data = datagen.ShardedData({0: data})
     mixture = mixture or datagen.DataMixture(fixed_data_fraction=1.0)
     optimizer = make_optimizer(optimizer_config, loop.train_steps)
     models, state, shardings = _placed(models, params, optimizer, mesh, rules)
+    if reference_params is not None and shardings is not None:  # Placed as the student is.
+        reference_params = jax.device_put(reference_params, shardings.params)
     primary = jax.process_index() == 0
     if mesh is not None and primary:
         _log_bytes(models, state)
@@ -573,7 +556,9 @@ def fit(
                 if teacher_topk is not None and fractions["data_dataset"] == 1.0:
                     (store,) = data.stores.values()
                     batch = _with_cached_teacher(batch, teacher_topk, store, step, loop)
-                state, step_metrics = step_fn(state, models.teacher_params, batch, tail_params)
+                state, step_metrics = step_fn(
+                    state, models.teacher_params, batch, tail_params, reference_params
+                )
                 record = host_metrics(step_metrics, schedule(step), timer.lap())
                 record.update(fractions)
                 _count_teacher_passes(record, models, batch, fractions)

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 import pytest
 
-from distillspec import heads, losses, trainer
+from distillspec import heads, losses, selection, trainer
 from distillspec import teacher_cache as cache
 from distillspec.models import DecoderOnlyLM, TransformerConfig
 from distillspec.models.base import TruncatedVocabulary, with_remat
@@ -37,7 +37,12 @@ TEACHER = DecoderOnlyLM(TransformerConfig(vocab_size=VOCAB, embed_dim=16, num_la
 STUDENT = TruncatedVocabulary(DecoderOnlyLM(TransformerConfig(
     vocab_size=VOCAB + 8, embed_dim=8, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=4,
     mlp_dim=16, tie_embeddings=True, init_std=0.3)), VOCAB)  # fmt: skip
-KINDS = ("fkl", "rkl", "jsd", "tvd", "ce", "topk", "topk_tail")
+KINDS = ("fkl", "rkl", "jsd", "tvd", "lk_alpha", "lk_lambda", "ce", "topk", "topk_tail",
+         "topk_lk_lambda", "adaspec", "adaspec_topk_lk_alpha")  # fmt: skip
+# AdaSPEC's cases: the reference model is the `models` fixture's third parameter set.
+DIVERGENCE = {"topk": "fkl", "topk_tail": "fkl", "topk_lk_lambda": "lk_lambda", "adaspec": "fkl",
+              "adaspec_topk_lk_alpha": "lk_alpha"}  # fmt: skip
+SELECT_FRACTION = 0.4
 
 
 def _gradient_store() -> optax.GradientTransformation:
@@ -73,22 +78,34 @@ def reference(kind: str, params, teacher_params, tail_params, batch) -> tuple[di
     at = lambda x: trainer._take_positions(jnp.asarray(x), positions)
     weights = at(batch["weights"])
 
+    divergence = DIVERGENCE.get(kind, kind)
+
+    def target_of(logits, shape_params=None):
+        if "topk" not in kind:
+            return jax.lax.stop_gradient(TEACHER.logits(teacher_params, inputs, positions))
+        shape = logits if shape_params is None else STUDENT.logits(shape_params, inputs, positions)
+        return losses.topk_teacher_logits(
+            at(batch[cache.LOG_PROBS]), at(batch[cache.IDS]), VOCAB, shape
+        )
+
     def objective(params):
         logits = STUDENT.logits(params, inputs, positions)
         if kind == "ce":
             total, count = losses.cross_entropy(logits, at(batch["targets"]), weights)
-            sums = {"loss_sum": total, "weight_sum": count}
-        else:
-            if kind.startswith("topk"):
-                shape = logits if tail_params is None else STUDENT.logits(tail_params, inputs,
-                                                                          positions)  # fmt: skip
-                target = losses.topk_teacher_logits(
-                    at(batch[cache.LOG_PROBS]), at(batch[cache.IDS]), VOCAB, shape
-                )
-            else:
-                target = jax.lax.stop_gradient(TEACHER.logits(teacher_params, inputs, positions))
-            divergence = "jsd" if kind == "jsd" else "fkl" if kind.startswith("topk") else kind
-            sums = losses.distillation_sums(logits, target, weights, divergence, 0.3)
+            return losses.mean(total, count), {"loss_sum": total, "weight_sum": count}
+        target = target_of(logits, None if kind.startswith("adaspec") else tail_params)
+        selected, seen = weights, None
+        if kind.startswith("adaspec"):  # The selection from whole logits, no gradient.
+            reference_logits = STUDENT.logits(tail_params, inputs, positions)
+            per_token = [
+                losses.token_divergence(jax.lax.stop_gradient(x), target_of(x), weights,
+                                        divergence, 0.3)
+                for x in (logits, reference_logits)
+            ]  # fmt: skip
+            selected = selection.select_tokens(*per_token, weights, SELECT_FRACTION)
+            seen = weights
+        sums = losses.distillation_sums(logits, target, selected, divergence, 0.3,
+                                        metric_weights=seen)  # fmt: skip
         return losses.mean(sums["loss_sum"], sums["weight_sum"]), sums
 
     grads, sums = jax.jit(jax.grad(objective, has_aux=True))(params)
@@ -97,16 +114,19 @@ def reference(kind: str, params, teacher_params, tail_params, batch) -> tuple[di
 
 def chunked(kind: str, params, teacher_params, tail_params, batch, chunk_tokens, mesh=None):
     """(sums, gradient) of `trainer.train_step` at chunk_tokens (on `mesh` when given)."""
-    divergence = "jsd" if kind == "jsd" else "fkl" if kind.startswith("topk") else kind
-    loss = trainer.LossConfig(divergence=divergence, beta=0.3, chunk_tokens=chunk_tokens)
+    adaspec = kind.startswith("adaspec")
+    loss = trainer.LossConfig(divergence=DIVERGENCE.get(kind, kind), beta=0.3,
+                              chunk_tokens=chunk_tokens,
+                              select_fraction=SELECT_FRACTION if adaspec else 1.0)  # fmt: skip
     optimizer = _gradient_store()
     teacher = None if kind == "ce" else TEACHER  # Pretraining: no teacher.
     step = trainer.compile_train_step(STUDENT, teacher, loss, optimizer, mesh=mesh)
-    if not kind.startswith("topk"):
+    if "topk" not in kind:
         batch = {k: v for k, v in batch.items() if k not in (cache.LOG_PROBS, cache.IDS)}
     state = trainer.init_state(jax.tree.map(jnp.copy, params), optimizer)
     frozen = None if kind == "ce" else teacher_params
-    state, sums = step(state, frozen, batch, tail_params)
+    extra = (None, tail_params) if adaspec else (tail_params,)
+    state, sums = step(state, frozen, batch, *extra)
     sums.pop("grad_norm")
     return jax.device_get(sums), jax.device_get(state.opt_state)
 
@@ -133,7 +153,7 @@ def models():
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_chunked_step_equals_the_unchunked_step(kind, models):
     params, teacher_params, tail = models
-    tail = tail if kind == "topk_tail" else None
+    tail = tail if kind in ("topk_tail", "topk_lk_lambda") or kind.startswith("adaspec") else None
     batch = make_batch()
     want = reference(kind, params, teacher_params, tail, batch)
     # 4 rows x 7 positions: chunks of 1, 2 (3 + a padded 1) and all 7 positions.
@@ -162,8 +182,8 @@ params, teacher_params, tail = (t.STUDENT.init(jax.random.PRNGKey(0)),
 batch = t.make_batch()
 for data, model in ((1, 2), (2, 1)):
     mesh = partitioning.make_mesh(data, model)
-    for kind in ("fkl", "jsd", "topk_tail", "ce"):
-        tail_params = tail if kind == "topk_tail" else None
+    for kind in ("fkl", "jsd", "topk_tail", "ce", "lk_lambda", "adaspec"):
+        tail_params = tail if kind in ("topk_tail", "adaspec") else None
         want = t.reference(kind, params, teacher_params, tail_params, batch)
         t.compare(want, t.chunked(kind, params, teacher_params, tail_params, batch, 9, mesh))
 print("MESH_OK")

@@ -6,6 +6,7 @@ so JSD / beta -> KL(p || q) (forward) as beta -> 0 and JSD / (1-beta) -> KL(q ||
 as beta -> 1 (paper, Appendix A.1).
 """
 
+import functools
 import math
 
 import jax
@@ -16,6 +17,7 @@ import pytest
 from distillspec import losses
 
 ALL_KINDS = [("fkl", 0.5), ("rkl", 0.5), ("tvd", 0.5), ("jsd", 0.5), ("jsd", 0.1), ("jsd", 0.9)]
+ALL_KINDS += [("lk_alpha", 0.5), ("lk_lambda", 0.5), ("lk_lambda_mean", 0.5)]
 
 
 def _random_logits(seed, shape=(2, 3, 7), scale=3.0):
@@ -56,6 +58,9 @@ def test_non_negative_on_random_inputs(kind, beta):
         "rkl": losses.reverse_kl,
         "tvd": losses.total_variation,
         "jsd": lambda s, t: losses.generalized_jsd(s, t, beta),
+        "lk_alpha": losses.lk_alpha,
+        "lk_lambda": losses.lk_lambda,
+        "lk_lambda_mean": lambda s, t: losses.token_divergence(s, t, np.ones((2, 3)), kind),
     }[kind]
     for seed in range(3):
         values = np.asarray(fn(_random_logits(seed), _random_logits(seed + 100)))
@@ -400,3 +405,109 @@ def test_bfloat16_inputs_are_computed_in_float32():
     assert loss.dtype == count.dtype == jnp.float32
     reference = losses.divergence(np.float32(student), np.float32(teacher), np.ones((2, 3)), "fkl")
     assert float(loss) == pytest.approx(float(reference[0]), rel=1e-6)
+
+
+# ---------------------------------------------------------------- LK losses (Samarin et al., 2026)
+
+LK_KINDS = ("lk_alpha", "lk_lambda", "lk_lambda_mean")
+
+
+def _np_lk(kind, student, teacher, weights, eta=3.0):
+    """The LK losses' formulas in float64 numpy: per-token values [B, L]."""
+    p, q = _np_probs(teacher), _np_probs(student)
+    alpha = np.minimum(p, q).sum(-1)
+    if kind == "lk_alpha":
+        return -np.log(alpha)
+    if kind == "lk_lambda_mean":
+        alpha = np.full_like(alpha, np.sum(alpha * weights) / np.sum(weights))
+    lam = np.exp(-eta * alpha)
+    return lam * _np_kl(p, q) + (1 - lam) * 0.5 * np.abs(p - q).sum(-1)
+
+
+@pytest.mark.parametrize("kind", LK_KINDS)
+@pytest.mark.parametrize("eta", [3.0, 0.7])
+def test_lk_losses_equal_numpy_formulas(kind, eta):
+    student, teacher = _random_logits(40, (3, 4, 13)), _random_logits(41, (3, 4, 13), 2.0)
+    weights = np.random.default_rng(42).choice([0.0, 0.5, 1.0, 2.0], size=(3, 4)).astype("f4")
+    want = _np_lk(kind, student, teacher, weights, eta)
+    loss, count = losses.divergence(student, teacher, weights, kind, eta=eta)
+    assert float(count) == pytest.approx(weights.sum())
+    assert float(loss) == pytest.approx(np.sum(want * weights), rel=1e-6, abs=1e-6)
+    per_token = losses.token_divergence(student, teacher, weights, kind, eta=eta)
+    np.testing.assert_allclose(per_token, np.where(weights != 0, want, 0), rtol=1e-6, atol=1e-6)
+    sums = losses.distillation_sums(student, teacher, weights, kind, eta=eta)
+    assert float(sums["loss_sum"]) == pytest.approx(float(loss), rel=1e-6, abs=1e-6)
+    if kind != "lk_lambda_mean":  # The per-token functions of the same formulas.
+        fn = losses.lk_alpha if kind == "lk_alpha" else functools.partial(losses.lk_lambda, eta=eta)
+        np.testing.assert_allclose(fn(student, teacher), want, rtol=1e-6, atol=1e-6)
+
+
+def test_lk_lambda_limits():
+    student, teacher = _random_logits(43), _random_logits(44)
+    ones = np.ones((2, 3), np.float32)
+    fkl = losses.divergence(student, teacher, ones, "fkl")[0]
+    assert float(losses.divergence(student, teacher, ones, "lk_lambda", eta=0.0)[0]) == (
+        pytest.approx(float(fkl), rel=1e-6)
+    )  # eta = 0: lambda = 1, forward KL.
+    tvd = losses.divergence(student, teacher, ones, "tvd")[0]
+    big = losses.divergence(student, teacher, ones, "lk_lambda", eta=1e4)[0]
+    assert float(big) == pytest.approx(float(tvd), rel=1e-5)  # lambda -> 0: TVD.
+
+
+def _np_lk_fixed_lambda(kind, student, teacher, weights, alpha_at):
+    """`_np_lk`'s weighted sum with lambda's stopped alpha taken at the logits `alpha_at`:
+    the function whose derivative the loss's gradient is (float64 numpy)."""
+    if kind == "lk_alpha":
+        return float(np.sum(_np_lk(kind, student, teacher, weights) * weights))
+    p, q = _np_probs(teacher), _np_probs(student)
+    alpha = np.minimum(p, _np_probs(alpha_at)).sum(-1)
+    if kind == "lk_lambda_mean":
+        alpha = np.full_like(alpha, np.sum(alpha * weights) / np.sum(weights))
+    lam = np.exp(-3.0 * alpha)
+    per_token = lam * _np_kl(p, q) + (1 - lam) * 0.5 * np.abs(p - q).sum(-1)
+    return float(np.sum(per_token * weights))
+
+
+@pytest.mark.parametrize("kind", LK_KINDS)
+def test_lk_gradients_match_finite_differences(kind):
+    # Central differences of the float64 numpy formulas, against autodiff of the float32 loss.
+    student, teacher = _random_logits(45, (2, 2, 6), 1.5), _random_logits(46, (2, 2, 6), 1.5)
+    weights = np.array([[1.0, 0.5], [0.0, 2.0]])
+    fn = lambda s: losses.divergence(s, teacher, weights, kind)[0]  # noqa: E731
+    grad = np.asarray(jax.grad(fn)(jnp.asarray(student)))
+    base, eps = student.astype(np.float64), 1e-6
+    numeric = np.zeros(student.shape)
+    for index in np.ndindex(*student.shape):
+        step = np.zeros(student.shape)
+        step[index] = eps
+        up = _np_lk_fixed_lambda(kind, base + step, teacher, weights, base)
+        down = _np_lk_fixed_lambda(kind, base - step, teacher, weights, base)
+        numeric[index] = (up - down) / (2 * eps)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-4, atol=1e-6)
+    assert np.abs(grad[1, 0]).max() == 0.0  # The weight-0 token.
+    assert np.abs(grad).max() > 1e-2
+
+
+@pytest.mark.parametrize("kind", LK_KINDS)
+def test_lk_losses_finite_as_alpha_goes_to_zero(kind):
+    # Disjoint supports: alpha = e^-60 (underflows to 0 once exponentiated in float32).
+    teacher = np.full((1, 2, 8), -60.0, np.float32)
+    teacher[..., 0] = 60.0
+    student = np.full((1, 2, 8), -60.0, np.float32)
+    student[..., 1] = 60.0
+    weights = np.ones((1, 2), np.float32)
+    fn = lambda s: losses.divergence(s, teacher, weights, kind)[0]  # noqa: E731
+    loss, grad = jax.value_and_grad(fn)(jnp.asarray(student))
+    assert np.isfinite(float(loss)) and bool(jnp.isfinite(grad).all())
+    if kind == "lk_alpha":
+        # alpha = 8 e^-120 per token (every id holds e^-120 in one of p, q).
+        assert float(loss) == pytest.approx(2 * (120.0 - np.log(8)), rel=1e-5)
+        assert float(jnp.abs(grad).max()) > 0.1  # Still a gradient to follow at alpha ~ 0.
+    shared = losses.distillation_sums(student, teacher, weights, kind)["loss_sum"]
+    assert float(shared) == pytest.approx(float(loss), rel=1e-6)
+
+
+def test_bad_eta_raises():
+    s = _random_logits(47)
+    with pytest.raises(ValueError, match="LK eta must be >= 0, got eta=-1.0"):
+        losses.divergence(s, s, np.ones((2, 3)), "lk_lambda", eta=-1.0)

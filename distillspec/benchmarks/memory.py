@@ -34,7 +34,7 @@ ACCELERATORS = {
     "a100-80gb": (312e12, 80e9),
     "h100-80gb": (989e12, 80e9),
 }
-DIVERGENCES = ("fkl", "rkl", "jsd", "tvd", "ce")
+DIVERGENCES = ("fkl", "rkl", "jsd", "tvd", "lk_alpha", "lk_lambda", "lk_lambda_mean", "ce")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -84,7 +84,9 @@ class GridConfig:
     timing_repeats: int = 1  # Interleaved (plain, spec) pairs timed per batch; medians summed.
     seed: int = 0  # Batch i samples with fold_in(PRNGKey(seed), i), plain and spec alike.
     latency_prompts: int | None = None  # Prompts timed at batch 1; None = all, 0 = none.
-    per_prompt: bool = False  # Also record each prompt's tau ('tau_per_prompt', a list).
+    # Also record each prompt's tau ('tau_per_prompt', a list) and its counts ('accepted',
+    # 'drafted', 'lengths', 'target_calls' + '_per_prompt'), e.g. for intervals of differences.
+    per_prompt: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "gammas", tuple(checks.check_int_list("gammas", self.gammas)))
@@ -486,6 +488,8 @@ def evaluate_drafts(
                 tokens = _valid_rows(spec, "lengths", batches)
                 calls = _valid_rows(spec, "target_calls", batches)
                 record["tau_per_prompt"] = (tokens / np.maximum(calls, 1.0)).tolist()
+                for field in ("accepted", "drafted", "lengths", "target_calls"):  # For intervals.
+                    record[f"{field}_per_prompt"] = _valid_rows(spec, field, batches).tolist()
             records.append(record)
             _report_progress(record, len(records), total, np.shape(batches[0]["prompt_tokens"])[0])
     for warning in timing_warnings(records):

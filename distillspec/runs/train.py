@@ -98,6 +98,28 @@ def _load_student(student, student_checkpoint, seed, teacher, teacher_params):
     return student, student.init(jax.random.PRNGKey(seed))
 
 
+def _load_reference(checkpoint: str | None, loss: trainer.LossConfig, params):
+    """AdaSPEC's reference model's parameters (the student's architecture), or None."""
+    if (checkpoint is None) != (loss.select_fraction == 1):
+        raise ValueError(
+            f"train.reference_checkpoint = {checkpoint!r} with LossConfig.select_fraction = "
+            f"{loss.select_fraction}: AdaSPEC's token selection needs both (a reference model "
+            "and a fraction < 1) or neither"
+        )
+    if checkpoint is None:
+        return None
+    reference = load_checkpoint(checkpoint)[1]
+    shapes = lambda tree: jax.tree.map(np.shape, tree)
+    if jax.tree.structure(reference) != jax.tree.structure(params) or shapes(reference) != (
+        shapes(params)
+    ):
+        raise ValueError(
+            f"train.reference_checkpoint {checkpoint!r} is not a model of the student's "
+            "architecture: AdaSPEC's reference is a copy of the draft distilled toward the target"
+        )
+    return reference
+
+
 def _check_data(task, mixture: datagen.DataMixture) -> None:
     """Prompts-only data cannot be the fixed-data share of a mixture."""
     if (
@@ -304,6 +326,7 @@ def train(
     teacher=None,
     teacher_checkpoint: str | None = None,
     teacher_seed: int = 1,
+    reference_checkpoint: str | None = None,
     loop: trainer.LoopConfig = trainer.LoopConfig(),
     loss: trainer.LossConfig = trainer.LossConfig(divergence="ce"),
     optimizer: trainer.OptimizerConfig = trainer.OptimizerConfig(),
@@ -337,6 +360,10 @@ def train(
         a checkpoint directory to warm-start from (exactly one).
       teacher / teacher_checkpoint: the frozen target: an architecture initialised from
         teacher_seed, or a Hugging Face or T5X checkpoint directory; neither for pretraining.
+      reference_checkpoint: AdaSPEC's reference model, a checkpoint of the student's
+        architecture distilled toward the teacher (`distillspec.selection`): with
+        LossConfig.select_fraction < 1 (and only then) the loss keeps that fraction of each
+        batch's tokens, those where the student's loss exceeds the reference's most.
       loop, loss, optimizer, mixture: see their classes.
       evaluation: alpha and tau of the student as the teacher's draft every few steps
         (`trainer.EvalConfig`); one process, one device.
@@ -407,9 +434,10 @@ def _report_end(model_dir: str, started: float) -> None:
 
 def _train(
     model_dir, task, split, task_feature_lengths, student, student_checkpoint, teacher,
-    teacher_checkpoint, teacher_seed, loop, loss, optimizer, mixture, evaluation, teacher_top_k,
-    teacher_cache_dir, served_buffer, mesh_shape, fsdp, student_remat, teacher_dtype, vocabulary,
-    vocab_size, max_examples, tfds_data_dir, console, config_text, serve_gamma, serve_report,
+    teacher_checkpoint, teacher_seed, reference_checkpoint, loop, loss, optimizer, mixture,
+    evaluation, teacher_top_k, teacher_cache_dir, served_buffer, mesh_shape, fsdp, student_remat,
+    teacher_dtype, vocabulary, vocab_size, max_examples, tfds_data_dir, console, config_text,
+    serve_gamma, serve_report,
 ):  # fmt: skip
     started = time.monotonic()
     _check_run_args(max_examples, loop, mesh_shape)
@@ -429,6 +457,7 @@ def _train(
     student_model, params = _load_student(
         student, student_checkpoint, loop.seed, teacher_model, teacher_params
     )
+    reference_params = _load_reference(reference_checkpoint, loss, params)
     student_model = with_remat(student_model, student_remat)
     if teacher_model is not None and teacher_dtype != "float32":
         teacher_model, teacher_params = for_decoding(teacher_model, teacher_params, teacher_dtype)
@@ -457,6 +486,7 @@ def _train(
             served_buffer, student_model.encoder_decoder, vocab_size or teacher_model.vocab_size
         ),
         description=_describe(student_model, teacher_model, task, split, loss),
+        reference_params=reference_params,
     )  # fmt: skip
     _export(student_model, params, tokenizer, model_dir)
     _report_end(model_dir, started)
