@@ -131,6 +131,19 @@ def _plant_special_ids(pair, path):
         (path / name).write_text(json.dumps(config))
 
 
+def _edit_config(path, **changes):
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def _plant_tied(pair, path):
+    _edit_config(path, tie_word_embeddings=True)  # The file keeps its own, different lm_head.
+
+
+def _plant_dtype(pair, path):
+    _edit_config(path, torch_dtype="bfloat16")  # The tensors are float32.
+
+
 # (defect, how it is planted, the engines it blocks, words the problem must contain).
 ALL = set(serving.ENGINES)
 DEFECTS = [
@@ -139,6 +152,8 @@ DEFECTS = [
     ("truncated", _plant_truncated, ALL, ["files", "truncated", "model.safetensors"]),
     ("nan", _plant_nan, ALL, ["values", "model.embed_tokens.weight", "model.safetensors", "NaN"]),
     ("special_ids", _plant_special_ids, ALL, ["special tokens", "eos_token_id is 0"]),
+    ("tied", _plant_tied, ALL, ["tied embeddings", "tie_word_embeddings=true"]),
+    ("dtype", _plant_dtype, {"vllm", "sglang"}, ["dtype", "'bfloat16'", "float32"]),
 ]
 
 
