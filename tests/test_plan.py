@@ -241,7 +241,7 @@ def test_plan_end_to_end_and_its_draft_trains_as_is(tmp_path, target_dir, capsys
     draft, _ = load_checkpoint(str(model_dir / "export"))
     assert num_params(draft) == rows[result["choice"]]["params"]
     serving_text = (model_dir / "export" / "SERVING.md").read_text()
-    assert gamma is None or f'"num_speculative_tokens": {gamma}' in serving_text
+    assert gamma is None or f"num_assistant_tokens={gamma}," in serving_text
 
 
 def test_bad_plan_settings_are_refused_by_name(tmp_path, target_dir):
