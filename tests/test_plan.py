@@ -225,6 +225,9 @@ def test_plan_end_to_end_and_its_draft_trains_as_is(tmp_path, target_dir, capsys
         "TASK_FEATURE_LENGTHS = {'inputs': 16, ",
     ):
         assert line in draft_gin  # fmt: skip
+    # The serve commands of the trained export take the plan's γ (export/SERVING.md).
+    gamma = rows[result["choice"]]["best_gamma"]
+    assert gamma is None or f"train.serve_gamma = {gamma}\n" in draft_gin
     model_dir = tmp_path / "train"
     gin.clear_config()
     try:
@@ -239,6 +242,8 @@ def test_plan_end_to_end_and_its_draft_trains_as_is(tmp_path, target_dir, capsys
         gin.clear_config()
     draft, _ = load_checkpoint(str(model_dir / "export"))
     assert num_params(draft) == rows[result["choice"]]["params"]
+    serving_text = (model_dir / "export" / "SERVING.md").read_text()
+    assert gamma is None or f"num_assistant_tokens={gamma}," in serving_text
 
 
 def test_bad_plan_settings_are_refused_by_name(tmp_path, target_dir):

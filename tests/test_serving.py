@@ -131,6 +131,19 @@ def _plant_special_ids(pair, path):
         (path / name).write_text(json.dumps(config))
 
 
+def _edit_config(path, **changes):
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def _plant_tied(pair, path):
+    _edit_config(path, tie_word_embeddings=True)  # The file keeps its own, different lm_head.
+
+
+def _plant_dtype(pair, path):
+    _edit_config(path, torch_dtype="bfloat16")  # The tensors are float32.
+
+
 # (defect, how it is planted, the engines it blocks, words the problem must contain).
 ALL = set(serving.ENGINES)
 DEFECTS = [
@@ -139,6 +152,8 @@ DEFECTS = [
     ("truncated", _plant_truncated, ALL, ["files", "truncated", "model.safetensors"]),
     ("nan", _plant_nan, ALL, ["values", "model.embed_tokens.weight", "model.safetensors", "NaN"]),
     ("special_ids", _plant_special_ids, ALL, ["special tokens", "eos_token_id is 0"]),
+    ("tied", _plant_tied, ALL, ["tied embeddings", "tie_word_embeddings=true"]),
+    ("dtype", _plant_dtype, {"vllm", "sglang"}, ["dtype", "'bfloat16'", "float32"]),
 ]
 
 
@@ -296,17 +311,36 @@ def test_evaluate_and_train_refuse_a_nan_or_truncated_checkpoint(pair, tmp_path,
         assert all(w in err for w in words) and "Traceback" not in err, err
 
 
-def test_train_and_evaluate_print_the_serve_commands(pair, tmp_path, capsys, clean_gin):
+@pytest.fixture(scope="module")
+def hf_llama(pair):
+    """A target made by transformers (not exported by distillspec), with the pair's tokenizer."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=pair["size"], hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )  # fmt: skip
+    path = pair["root"] / "hf_llama"
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(pair["root"] / "tok" / name, path / name)
+    return str(path)
+
+
+def test_train_and_evaluate_print_the_serve_commands(hf_llama, tmp_path, capsys, clean_gin):
+    """experiments/your_target.gin on a transformers Llama: the export checks ready for every
+    engine, and the commands carry the plan's γ, then the evaluation's."""
     data = tmp_path / "data.jsonl"
     data.write_text(
         "".join(json.dumps({"prompt": c[:12], "completion": c[12:]}) + "\n" for c in CODE)
     )
     gin_setup.main("train", [
-        "--gin_file=runs/distill.gin", "--gin.TRAIN_STEPS=1", "--gin.BATCH_SIZE=2",
-        "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 6}", "--gin.STUDENT_CHECKPOINT=None",
-        f"--gin.MODEL_DIR={tmp_path / 'run'}", f"--gin.TEACHER_CHECKPOINT={pair['target']!r}",
-        f"--gin.MIXTURE_OR_TASK_NAME={str(data)!r}", "--gin.train.student=@DraftSpec()",
-        "--gin.DraftSpec.num_layers=1", "--gin.train.serve_gamma=3",
+        "--gin_file=experiments/your_target.gin", "--gin.TRAIN_STEPS=1", "--gin.BATCH_SIZE=2",
+        "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 6}",
+        f"--gin.MODEL_DIR={tmp_path / 'run'}", f"--gin.TEACHER_CHECKPOINT={hf_llama!r}",
+        f"--gin.MIXTURE_OR_TASK_NAME={str(data)!r}", "--gin.DraftSpec.num_layers=1",
+        "--gin.train.serve_gamma=3",
     ])  # fmt: skip
     export_dir = tmp_path / "run" / "export"
     printed = capsys.readouterr().out
@@ -318,7 +352,7 @@ def test_train_and_evaluate_print_the_serve_commands(pair, tmp_path, capsys, cle
     gin.clear_config()
     records = gin_setup.main("evaluate", [
         "--gin_file=runs/evaluate.gin", f"--gin.OUTPUT_DIR={tmp_path / 'eval'}",
-        f"--gin.TARGET_CHECKPOINT={pair['target']}", f"--gin.DRAFTS={{'d': {str(export_dir)!r}}}",
+        f"--gin.TARGET_CHECKPOINT={hf_llama}", f"--gin.DRAFTS={{'d': {str(export_dir)!r}}}",
         f"--gin.EVAL_SETS=[({str(data)!r}, 'train')]", "--gin.GAMMAS=[2]",
         "--gin.TEMPERATURES=[0.0]", "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 6}",
         "--gin.NUM_PROMPTS=2", "--gin.evaluate.batch_size=2", "--gin.evaluate.quality=False",

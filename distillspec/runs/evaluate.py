@@ -88,22 +88,17 @@ def evaluate(
     With `quality`, also each model's quality as a model, per eval set (`evaluation.quality`:
     NLL of the reference completions, distinct-4, share of looping greedy outputs, chrF of
     the greedy outputs against the references and the target's NLL of them) in
-    OUTPUT_DIR/quality.jsonl and quality.md. Last, each Hugging Face draft's serve check
-    (`serving.check`) with the γ of its best batch-1 latency speed-up goes to
-    OUTPUT_DIR/SERVING.md (and to the draft's own SERVING.md, when an export has one);
-    serve_report: also print it with the serve commands (the command line does).
+    OUTPUT_DIR/quality.jsonl and quality.md. Last, the serve check (`_report_serving`).
     """
     if not gammas and not policies:
         raise ValueError("nothing to evaluate: gammas and policies are both empty")
     # Bad grid values, dtypes and policy names fail before anything is loaded.
     cache_dtype = decode_cache_dtype(dtype, cache_dtype)
-    grid = None
-    if gammas:
-        grid = GridConfig(
-            gammas=tuple(gammas), temperatures=tuple(temperatures),
-            max_new_tokens=task_feature_lengths["targets"], timing_repeats=timing_repeats,
-            seed=seed, latency_prompts=latency_prompts,
-        )  # fmt: skip
+    grid = None if not gammas else GridConfig(
+        gammas=tuple(gammas), temperatures=tuple(temperatures),
+        max_new_tokens=task_feature_lengths["targets"], timing_repeats=timing_repeats,
+        seed=seed, latency_prompts=latency_prompts,
+    )  # fmt: skip
     resolve_policies(
         [p for p in policies if p not in TUNED_POLICIES], heuristic_sl_max=heuristic_sl_max,
         heuristic_start=heuristic_start, oracle_sl_max=oracle_sl_max,
@@ -142,14 +137,13 @@ def evaluate(
             task_feature_lengths["targets"], tokenizer, vocab_size,
         )  # fmt: skip
     print(tables.terminal_summary(records, os.path.join(output_dir, "table.md")))
-    _report_serving(records, drafts, target_checkpoint, output_dir, serve_report)
-    return records
+    return _report_serving(records, drafts, target_checkpoint, output_dir, serve_report)
 
 
-def _report_serving(records, drafts, target_checkpoint, output_dir, show: bool) -> None:
-    """Each Hugging Face draft's serve check and commands at the γ of its best batch-1 latency
-    speed-up (else what its SERVING.md says): OUTPUT_DIR/SERVING.md, printed with `show`, and
-    the export's own SERVING.md updated with the measured γ."""
+def _report_serving(records, drafts, target_checkpoint, output_dir, show: bool) -> list[dict]:
+    """Each Hugging Face draft's serve check (`serving.check`) and commands at the γ of its best
+    batch-1 latency speed-up (else what its SERVING.md says): OUTPUT_DIR/SERVING.md, printed
+    with `show`, and the export's own SERVING.md updated with the measured γ. Returns records."""
     texts = []
     for name, path in drafts.items():
         measured = serving.best_gamma(records, name)
@@ -164,6 +158,7 @@ def _report_serving(records, drafts, target_checkpoint, output_dir, show: bool) 
     if texts:
         with open(os.path.join(output_dir, serving.SERVING_FILE), "w", encoding="utf-8") as f:
             f.write("\n".join(texts))
+    return records
 
 
 def _write_tables(records_path: str, output_dir: str, policies: bool) -> None:
