@@ -61,6 +61,17 @@ def check_writable(path: str) -> None:
         ) from e
 
 
+def remove_unstarted(path: str) -> bool:
+    """Removes the directory `path` unless it holds a checkpoint step (for a run that failed
+    before its first checkpoint, into a MODEL_DIR it created: nothing is left behind to resume
+    or to mistake for a run); whether it did."""
+    steps = os.path.join(path, CHECKPOINTS_SUBDIR)
+    if os.path.isdir(steps) and any(name.isdigit() for name in os.listdir(steps)):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
 LOCK_FILE = ".lock"
 
 

@@ -31,6 +31,7 @@ CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 CHECKPOINT_MACROS = ("TEACHER_CHECKPOINT", "TARGET_CHECKPOINT", "STUDENT_CHECKPOINT",
                      "DRAFT_CHECKPOINT")  # fmt: skip
 DATA_MACROS = ("MIXTURE_OR_TASK_NAME", "STREAM")
+TOKENIZERS = ("tokenizer.json", "tokenizer.model", "spiece.model")  # vocabularies.TOKENIZER_FILES
 DATA_SUFFIXES = (".jsonl", ".txt")
 UNKNOWN = object()  # A macro whose value is not a Python literal (a reference, @Config()).
 _REFERENCE = re.compile(r"%((?:\w+/)*)([A-Za-z_]\w*)(?![\w.])")
@@ -119,8 +120,11 @@ def problems(run_name: str, files: list[str], flags: list[str], search_paths=())
     if unused:
         return [unused_macros_message(unused, referenced)]
     found = []
+    # The target's tokenizer is the run's unless some `vocabulary` is bound.
+    own_vocabulary = not any(k.endswith(".vocabulary") and v is not None for k, v in values.items())
     for macro in CHECKPOINT_MACROS:
-        found += _checkpoint_problems(macro, values.get(macro))
+        tokenizer = own_vocabulary and macro in ("TEACHER_CHECKPOINT", "TARGET_CHECKPOINT")
+        found += _checkpoint_problems(macro, values.get(macro), tokenizer)
     drafts = values.get("DRAFTS")
     for name, path in drafts.items() if isinstance(drafts, dict) else ():
         found += _checkpoint_problems(f"DRAFTS[{name!r}]", path)
@@ -206,7 +210,7 @@ def _literal(text: str) -> Any:
         return UNKNOWN
 
 
-def _checkpoint_problems(macro: str, path: Any) -> list[str]:
+def _checkpoint_problems(macro: str, path: Any, needs_tokenizer: bool = False) -> list[str]:
     if not isinstance(path, str) or not path:
         return []
     if not os.path.exists(path):
@@ -214,6 +218,11 @@ def _checkpoint_problems(macro: str, path: Any) -> list[str]:
                 "(config.json, model.safetensors) or a T5X one"]  # fmt: skip
     if not os.path.isdir(path):
         return [f"{macro} = {path!r} is a file: give the checkpoint's directory"]
+    if needs_tokenizer and not any(os.path.isfile(os.path.join(path, n)) for n in TOKENIZERS):
+        return [f"the checkpoint {path!r} ({macro}) holds no tokenizer file {TOKENIZERS}; pass its "
+                "tokenizer as vocabulary = <path of tokenizer.json or the SentencePiece model> "
+                "(e.g. --gin.train.vocabulary=...), or 'sentencepiece' / 'byte' for the built-in "
+                "ones"]  # fmt: skip
     return [p for f in sorted(glob.glob(os.path.join(path, "*.safetensors")))
             if (p := safetensors_problem(f, macro))]  # fmt: skip
 

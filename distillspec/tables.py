@@ -253,31 +253,18 @@ def _drafts_summary(records: Sequence[Mapping[str, Any]], table_path) -> str:
     draft's best batch-1 latency speed-up (its τ when latency was not measured)."""
     best: dict[tuple, Mapping[str, Any]] = {}
     score = lambda r: (r.get("latency_speedup") is not None, r.get("latency_speedup") or r["tau"])
-    for record in records:
-        if is_policy_record(record) or record.get("tau") is None:
-            continue
-        key = (eval_set(record), record["temperature"], str(record["draft"]))
-        score = lambda r: (
-            r.get("latency_speedup") is not None,
-            r.get("latency_speedup") or r["tau"],
-        )
-        if key not in best or score(record) > score(best[key]):
-            best[key] = record
-    if not best:
-        return ""
-    lines = [
-        "Summary: each draft at the γ of its best batch-1 latency speed-up",
-        f"{'eval set':<24} {'T':>3} {'draft':<16} {'γ':>2}  {'α':<6} {'τ':<5} "
-        "batch-1 latency speed-up",
-    ]
+    for r in (r for r in records if not is_policy_record(r) and r.get("tau") is not None):
+        key = (eval_set(r), r["temperature"], str(r["draft"]))
+        best[key] = max(best.get(key, r), r, key=score)
+    lines = ["Summary: each draft at the γ of its best batch-1 latency speed-up",
+             f"{'eval set':<24} {'T':>3} {'draft':<16} {'γ':>2}  {'α':<6} {'τ':<5} batch-1 "
+             "latency speed-up"]  # fmt: skip
     for (name, temperature, draft), r in sorted(best.items(), key=lambda kv: kv[0]):
-        latency = r.get("latency_speedup")
-        lines.append(
-            f"{name[:24]:<24} {temperature:>3g} {draft[:16]:<16} {r['gamma']:>2}  "
-            f"{r['alpha']:<6.3f} {r['tau']:<5.2f} {'–' if latency is None else f'{latency:.2f}×'}"
-        )
+        latency = "–" if r.get("latency_speedup") is None else f"{r['latency_speedup']:.2f}×"
+        lines.append(f"{name[:24]:<24} {temperature:>3g} {draft[:16]:<16} {r['gamma']:>2}  "
+                     f"{r['alpha']:<6.3f} {r['tau']:<5.2f} {latency}")  # fmt: skip
     lines += ["Full table (every γ, throughput too):", f"  {os.fspath(table_path)}"]
-    return "\n".join(lines)
+    return "\n".join(lines) if best else ""
 
 
 def _side_key(metric: str, side: str) -> str:

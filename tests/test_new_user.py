@@ -17,7 +17,16 @@ import sys
 import gin
 import pytest
 
-from distillspec import checkpoints, console, gin_setup, metrics, tasks, trainer, vocabularies
+from distillspec import (
+    checkpoints,
+    command_line,
+    console,
+    gin_setup,
+    metrics,
+    tasks,
+    trainer,
+    vocabularies,
+)
 from distillspec.evaluation import costs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -64,6 +73,82 @@ def test_prompts_only_data_is_an_error_when_completions_are_needed(tmp_path):
     with pytest.raises(ValueError, match="holds prompts only"):  # Fixed data (lambda1 > 0).
         _train(tmp_path / "run", f"--gin.train.task={data!r}",
                "--gin.DataMixture.fixed_data_fraction=1.0")  # fmt: skip
+    assert not (tmp_path / "run").exists()  # Failed before a checkpoint: the MODEL_DIR it made.
+
+
+def _safetensors(path: pathlib.Path, cut: int = 0) -> None:
+    """A safetensors file of one [4] float32 tensor, its last `cut` bytes missing."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    data = len(header).to_bytes(8, "little") + header + bytes(16)
+    path.write_bytes(data[: len(data) - cut])
+
+
+def _mistakes(tmp_path: pathlib.Path) -> dict[str, tuple[list[str], str]]:
+    """The documented mistakes of a new user's first `train`: {name: (flags, the error)}."""
+    target, truncated = tmp_path / "target", tmp_path / "truncated"
+    for directory, cut in ((target, 0), (truncated, 5)):
+        directory.mkdir()
+        (directory / "config.json").write_text("{}")
+        (directory / "tokenizer.json").write_text("{}")
+        _safetensors(directory / "model.safetensors", cut)
+    untokenized = tmp_path / "untokenized"
+    untokenized.mkdir()
+    (untokenized / "config.json").write_text("{}")
+    prompts_only = _jsonl(tmp_path / "prompts.jsonl", "completoin")
+    no_prompt = tmp_path / "no_prompt.jsonl"
+    no_prompt.write_text('{"prompt": "a", "completion": "b"}\n{"promt": "c", "completion": "d"}\n')
+    data = lambda path: f"--gin.MIXTURE_OR_TASK_NAME='{path}'"
+    return {
+        "completion key missing (lambda1 > 0)": (
+            [f"--gin.TEACHER_CHECKPOINT='{target}'", data(prompts_only), "--gin.LAMBDA1=1.0"],
+            "holds prompts only (no 'completion' key)",
+        ),
+        "missing checkpoint": (
+            [f"--gin.TEACHER_CHECKPOINT='{tmp_path / 'nowhere'}'", data(prompts_only)],
+            "TEACHER_CHECKPOINT = '" + str(tmp_path / "nowhere") + "' does not exist",
+        ),
+        "prompt key missing": (
+            [f"--gin.TEACHER_CHECKPOINT='{target}'", data(no_prompt)],
+            "no_prompt.jsonl:2 has no string under the prompt key 'prompt'",
+        ),
+        "truncated safetensors": (
+            [f"--gin.TEACHER_CHECKPOINT='{truncated}'", data(prompts_only)],
+            "model.safetensors is truncated: 81 bytes of the 86 its header describes",
+        ),
+        "no tokenizer file": (
+            [f"--gin.TEACHER_CHECKPOINT='{untokenized}'", data(prompts_only)],
+            "untokenized' (TEACHER_CHECKPOINT) holds no tokenizer file",
+        ),
+        "misspelled macro": (
+            [f"--gin.TEACHER_CHECKPOINT='{target}'", data(prompts_only), "--gin.TRAIN_STEP=2"],
+            "TRAIN_STEP (did you mean TRAIN_STEPS?)",
+        ),
+    }
+
+
+def test_a_new_users_mistakes_stop_the_command_before_its_imports_and_leave_no_directory(
+    tmp_path,
+):
+    """`python -m distillspec.train` as a user runs it: each documented mistake ends in one
+    line naming it (no traceback), before JAX or TensorFlow is imported (so in well under the
+    imports' 8-18 s; scripts/mistakes_timing.py measures it), and no MODEL_DIR is made."""
+    for name, (flags, error) in _mistakes(tmp_path).items():
+        model_dir = tmp_path / "run"
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "distillspec.train",
+             "--gin_file=runs/distill.gin", f"--gin.MODEL_DIR='{model_dir}'", *flags],
+            capture_output=True, text=True, cwd=REPO, timeout=300,
+            env=dict(os.environ, DISTILLSPEC_HUGE_PAGES="0"),
+        )  # fmt: skip
+        assert done.returncode == 2, (name, done.stderr[-2000:])
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("python -m distillspec.train: error: ") and error in last, name
+        assert "Traceback" not in done.stderr, name
+        imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                    if line.startswith("import time:")}  # fmt: skip
+        assert not imported & {"jax", "tensorflow", "seqio", "gin"}, name
+        assert not model_dir.exists(), name
+    assert command_line.TOKENIZERS == vocabularies.TOKENIZER_FILES  # Read without seqio there.
 
 
 def _bpe(directory: pathlib.Path, texts: list[str]) -> str:

@@ -228,11 +228,19 @@ def test_plan_end_to_end_and_its_draft_trains_as_is(tmp_path, target_dir, capsys
     # The serve commands of the trained export take the plan's γ (export/SERVING.md).
     gamma = rows[result["choice"]]["best_gamma"]
     assert gamma is None or f"train.serve_gamma = {gamma}\n" in draft_gin
+    # Every candidate has its own, the same but for the draft: train any (here the last).
+    body = lambda text: text.split("# The draft.", 1)[1]
+    for name, row in rows.items():
+        text = (out / row["gin_file"]).read_text()
+        assert row["gin_file"] == f"drafts/{name}.gin" and row["gin"] in text
+        assert body(text).split("# The recipe")[1] == body(draft_gin).split("# The recipe")[1]
+    assert body((out / "drafts" / f"{result['choice']}.gin").read_text()) == body(draft_gin)
+    trained = result["order"][-1]
     model_dir = tmp_path / "train"
     gin.clear_config()
     try:
         gin_setup.main("train", [
-            "--gin_file=runs/distill.gin", f"--gin_file={out / 'draft.gin'}",
+            "--gin_file=runs/distill.gin", f"--gin_file={out / 'drafts' / (trained + '.gin')}",
             f"--gin.TEACHER_CHECKPOINT='{target_dir}'", f"--gin.MODEL_DIR='{model_dir}'",
             "--gin.train.vocabulary='byte'", "--gin.TRAIN_STEPS=1", "--gin.BATCH_SIZE=2",
             "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
@@ -241,8 +249,9 @@ def test_plan_end_to_end_and_its_draft_trains_as_is(tmp_path, target_dir, capsys
     finally:
         gin.clear_config()
     draft, _ = load_checkpoint(str(model_dir / "export"))
-    assert num_params(draft) == rows[result["choice"]]["params"]
+    assert num_params(draft) == rows[trained]["params"]
     serving_text = (model_dir / "export" / "SERVING.md").read_text()
+    gamma = rows[trained]["best_gamma"]
     assert gamma is None or f"num_assistant_tokens={gamma}," in serving_text
 
 

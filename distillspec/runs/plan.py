@@ -144,7 +144,7 @@ def plan(
     target, target_params, chosen, drafts, task, bos = _open(
         teacher_checkpoint, candidates, checkpoints_given, recipe, seed
     )
-    vocab_size, lengths = recipe.get("vocab_size"), recipe["task_feature_lengths"]
+    lengths = recipe["task_feature_lengths"]
     batches = prompt_sets([(task, eval_split)], lengths, num_prompts, min(num_prompts, 16),
                           bos)[(task, eval_split)]  # fmt: skip
     decoding = lambda pair: for_decoding(*pair, "float32")
@@ -155,22 +155,10 @@ def plan(
         return _write_profile(measure_profile, profiles[temps[0]], len(drafts))
     rows = {t: {c.name: _priced(c, profiles[t], gammas) for c in chosen} for t in temps}
     if pilot_steps:
-        references = {t: _continuations(target, target_params, batches, t, lengths, seed)
-                      for t in temps}  # fmt: skip
-        # The check (validate) trains every candidate, so it pilots every one: its prediction
-        # for a candidate marked never wins is checked too. A pilot serves every temperature.
-        for candidate in chosen:
-            if not validate and all(rows[t][candidate.name]["never_wins"] for t in temps):
-                continue
-            common, held_out = _pilot(
-                candidate, os.path.join(output_dir, "pilot", candidate.name), pilot_steps,
-                teacher_checkpoint, recipe, stage, (target, target_params), references,
-                vocab_size,
-            )  # fmt: skip
-            for t in temps:
-                row = rows[t][candidate.name]
-                row["pilot"] = dict(common, held_out=held_out[t])
-                _predict(candidate.name, row, profiles[t], estimate, gammas, lengths["targets"])
+        _pilot_all(
+            chosen, rows, profiles, output_dir, pilot_steps, teacher_checkpoint, recipe, stage,
+            (target, target_params), batches, estimate, gammas, validate, seed,
+        )  # fmt: skip
     results = {}
     for t in temps:
         context = dict(teacher_checkpoint=teacher_checkpoint, gammas=gammas, temperature=t,
@@ -187,6 +175,26 @@ def plan(
         plan_report.write_validation(output_dir, check, json_path)
         result["validation"] = check
     return result
+
+
+def _pilot_all(chosen, rows, profiles, output_dir, steps, teacher_checkpoint, recipe, stage,
+               target, batches, estimate, gammas, validate, seed) -> None:  # fmt: skip
+    """Pilots each candidate that can win at some temperature (every one under validate: its
+    prediction for a candidate marked never wins is checked too); one pilot serves every
+    temperature, each with its own held-out acceptance and prediction in rows[temperature]."""
+    lengths = recipe["task_feature_lengths"]
+    references = {t: _continuations(*target, batches, t, lengths, seed) for t in rows}
+    for candidate in chosen:
+        if not validate and all(rows[t][candidate.name]["never_wins"] for t in rows):
+            continue
+        common, held_out = _pilot(
+            candidate, os.path.join(output_dir, "pilot", candidate.name), steps,
+            teacher_checkpoint, recipe, stage, target, references, recipe.get("vocab_size"),
+        )  # fmt: skip
+        for t, by_name in rows.items():
+            row = by_name[candidate.name]
+            row["pilot"] = dict(common, held_out=held_out[t])
+            _predict(candidate.name, row, profiles[t], estimate, gammas, lengths["targets"])
 
 
 def _explicit_temperatures(temperature, temperatures) -> list:

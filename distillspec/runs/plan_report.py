@@ -10,6 +10,7 @@ from typing import Any
 from distillspec.evaluation import planning
 from distillspec.records import write_json_atomic
 
+DRAFTS_DIR = "drafts"  # OUTPUT_DIR/drafts/<candidate>.gin: each candidate's draft and recipe.
 NO_PILOT = "no pilot: ranked by the acceptance rate each needs to break even (lowest first)"
 
 
@@ -22,8 +23,9 @@ def _break_even(row) -> float:
 def finish(output_dir: str, chosen, rows: dict[str, dict], costs, context) -> dict[str, Any]:
     """Ranks the rows, writes OUTPUT_DIR/plan.{json,md,png} and draft.gin, prints the summary;
     returns plan.json's content."""
-    for row in rows.values():
+    for name, row in rows.items():
         row["best_gamma"], row["best_speedup"] = _best_of(row["predicted_speedup"] or {})
+        row["gin_file"] = f"{DRAFTS_DIR}/{name}.gin"
     piloted = any(row["predicted_speedup"] for row in rows.values())
     if piloted:
         key = lambda n: (rows[n]["best_speedup"] is None, -(rows[n]["best_speedup"] or 0),
@@ -43,10 +45,16 @@ def finish(output_dir: str, chosen, rows: dict[str, dict], costs, context) -> di
     with open(os.path.join(output_dir, "plan.md"), "w") as f:
         f.write(markdown(result, headline))
     plot(rows, os.path.join(output_dir, "plan.png"))
+    by_name = {c.name: c for c in chosen}
     if choice:
-        by_name = {c.name: c for c in chosen}
         with open(os.path.join(output_dir, "draft.gin"), "w") as f:
             f.write(draft_gin(by_name[choice], context, headline, rows[choice]["best_gamma"]))
+    # Every candidate's, to train any of them (a tie's other side, the second choice).
+    os.makedirs(os.path.join(output_dir, DRAFTS_DIR), exist_ok=True)
+    for name in order:
+        with open(os.path.join(output_dir, DRAFTS_DIR, f"{name}.gin"), "w") as f:
+            f.write(draft_gin(by_name[name], context, _candidate_line(name, rows[name]),
+                              rows[name]["best_gamma"], f"{DRAFTS_DIR}/{name}.gin"))  # fmt: skip
     print(summary(result, headline, output_dir))
     return result
 
@@ -70,6 +78,18 @@ def _headline(choice, rows, piloted: bool, count: int) -> str:
         )
     return (f"Train {choice} ({size}): it breaks even at the lowest acceptance rate "
             f"({_break_even(row):.2f}) of {count} candidates ({NO_PILOT})")  # fmt: skip
+
+
+def _candidate_line(name: str, row: Mapping[str, Any]) -> str:
+    """drafts/<name>.gin's first line: the candidate's rank and what the plan says of it."""
+    size = f"{row['params'] / 1e6:.2f} M parameters, c = {_fmt(row['c'], 3)}"
+    if row["never_wins"]:
+        said = f"never wins: {row['never_wins']}"
+    elif row["best_speedup"]:
+        said = f"predicted {row['best_speedup']:.2f}x batch-1 latency at gamma {row['best_gamma']}"
+    else:
+        said = f"breaks even at acceptance {_break_even(row):.2f} (no pilot)"
+    return f"{name} ({size}), rank {row['rank']} of the plan: {said}"
 
 
 def _fmt(x, digits=2, none="—") -> str:
@@ -157,16 +177,18 @@ def summary(result: Mapping[str, Any], headline: str, output_dir: str) -> str:
             f"{_fmt(row['alpha']):>6} {_fmt(row['best_speedup']):>9} "
             f"{row['best_gamma'] or '—':>5}  {note}"
         )
-    lines.append(f"plan.md, plan.png, plan.json, draft.gin: {output_dir}")
+    lines.append(f"plan.md, plan.png, plan.json, draft.gin, drafts/<candidate>.gin: {output_dir}")
     return "\n".join(line[:100] for line in lines)
 
 
-def draft_gin(candidate, context, headline: str, gamma: int | None = None) -> str:
-    """draft.gin: the chosen draft and the recipe the plan priced, for `python -m
-    distillspec.train --gin_file=runs/distill.gin --gin_file=draft.gin`; with the γ of its
-    best predicted speed-up (after a pilot) as the serve commands' γ (train.serve_gamma)."""
+def draft_gin(candidate, context, headline: str, gamma: int | None = None,
+              path: str = "draft.gin") -> str:  # fmt: skip
+    """A candidate's draft (draft.gin: the chosen one; drafts/<name>.gin: each) and the recipe
+    the plan priced, for `python -m distillspec.train --gin_file=runs/distill.gin
+    --gin_file=<path>`; with the γ of its best predicted speed-up (after a pilot) as the serve
+    commands' γ (train.serve_gamma)."""
     serve = (
-        "\n# The serve commands' γ (export/SERVING.md): the best predicted one.\n"
+        "# The serve commands' γ (export/SERVING.md): the best predicted one.\n"
         f"train.serve_gamma = {int(gamma)}\n"
         if gamma is not None
         else ""
@@ -174,13 +196,13 @@ def draft_gin(candidate, context, headline: str, gamma: int | None = None) -> st
     return (
         f"# {headline}.\n# Written by python -m distillspec.plan. Train it with the recipe the "
         "plan priced:\n"
-        "#   python -m distillspec.train --gin_file=runs/distill.gin --gin_file=draft.gin \\\n"
+        f"#   python -m distillspec.train --gin_file=runs/distill.gin --gin_file={path} \\\n"
         f'#     --gin.TEACHER_CHECKPOINT=\\"{context["teacher_checkpoint"]}\\" '
         '--gin.MODEL_DIR=\\"DIR\\"\n\n# The draft.\n'
         + candidate.gin()
+        + serve
         + "\n# The recipe (its pilot ran the first steps of exactly this run).\n"
         + context["recipe"]
-        + serve
     )
 
 

@@ -394,11 +394,18 @@ def train(
     Returns:
       The student's final parameters.
     """
+    created = not os.path.exists(model_dir)
     checkpoints.check_writable(model_dir)
     # A second run into the same MODEL_DIR stops here, naming the process that holds it.
     lock = checkpoints.model_dir_lock if distributed.is_primary() else _no_lock
-    with lock(model_dir):
-        return _train(**{k: v for k, v in locals().items() if k != "lock"})
+    try:
+        with lock(model_dir):
+            return _train(**{k: v for k, v in locals().items() if k not in ("lock", "created")})
+    except BaseException:
+        # A run that fails before its first checkpoint leaves no MODEL_DIR it created.
+        if created and distributed.is_primary():
+            checkpoints.remove_unstarted(model_dir)
+        raise
 
 
 @contextlib.contextmanager
