@@ -31,7 +31,7 @@ from distillspec.decoding.sampling import SamplingConfig
 from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
 from distillspec.models.drafts import DraftSpec
 from distillspec.runs import disco, evaluate, online, plan, quickstart, train
-from distillspec.study import pipeline
+from distillspec.study import pipeline, recipes
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -57,6 +57,9 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
         ),
         "plan": gin.external_configurable(
             plan.plan, module="distillspec.plan", denylist=["stage", "bindings"]
+        ),
+        "recipes": gin.external_configurable(
+            recipes.recipes, module="distillspec.study", denylist=["stage", "bindings"]
         ),
         "online": gin.external_configurable(online.online, module="distillspec.online"),
     }
@@ -85,7 +88,7 @@ def run_function(name: str) -> Callable[..., Any]:
     configured = register_configurables()[name]
     if name == "train":
         return lambda **kwargs: configured(config_text=config_str(), **kwargs)
-    if name in ("quickstart", "study", "plan"):
+    if name in ("quickstart", "study", "plan", "recipes"):
         return lambda **kwargs: configured(stage=scoped_run, bindings=scoped_bindings, **kwargs)
     return configured
 
@@ -316,6 +319,12 @@ def load_config(files: list[str], bindings: list[str], search_paths: list[str] =
             raise
         name = match.group(1).rsplit("/", 1)[-1]
         raise ValueError(f"{e}\n  Valid parameters of {name}: {_parameter_names(name)}") from e
+
+
+def binds(selector: str) -> bool:
+    """Whether the parsed configuration binds `selector` (e.g. 'recipes.output_dir')."""
+    unset = object()
+    return _bound(selector, unset) is not unset
 
 
 def config_str() -> str:
