@@ -172,7 +172,8 @@ def test_tiny_study_runs_every_cell_writes_the_report_and_resumes(tiny_quickstar
 
 
 def test_study_rejects_unknown_cells_naming_the_valid_ones(tiny_quickstart, tmp_path):
-    with pytest.raises(ValueError, match=r"'kl' is not one of \('fkl', 'rkl', 'jsd', 'tvd'\)"):
+    valid = r"\('fkl', 'rkl', 'jsd', 'tvd', 'lk_alpha', 'lk_lambda', 'lk_lambda_mean'\)"
+    with pytest.raises(ValueError, match=rf"'kl' is not one of {valid}"):
         _study(tmp_path / "s", "--gin.study.divergences=['kl']")
     with pytest.raises(ValueError, match=r"study.data_sources: 'on-policy' is not one of"):
         _study(tmp_path / "s", "--gin.study.data_sources=['on-policy']")
