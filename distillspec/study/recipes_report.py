@@ -262,10 +262,18 @@ def markdown(summary: Mapping[str, Any]) -> str:
             f"recipe ({ada['distillspec']}): {_pct(ada)}."
         )
     lines += ["", "## Does LK beat FKL / TVD on-policy?", ""]
-    for other in ("fkl", "tvd"):
-        for name, by_key in summary[f"lk_vs_{other}_pct"].items():
-            for key, c in by_key.items():
-                lines.append(f"- {name} vs {other}-student, α {key}: {_pct(c)}")
+    lk = [
+        (name, other, key, c)
+        for other in ("fkl", "tvd")
+        for name, by_key in summary[f"lk_vs_{other}_pct"].items()
+        for key, c in by_key.items()
+    ]
+    for name, other, key, c in lk:
+        lines.append(f"- {name} vs {other}-student, α {key}: {_pct(c)}")
+    if not lk:
+        lines.append(
+            "Not measured: the run has no on-policy LK recipe beside on-policy FKL or TVD."
+        )
     lines += ["", "## Does the training proxy predict the measured acceptance?", ""]
     for group, k in summary["proxy_kendall"].items():
         tau = "undefined" if k["tau"] is None else f"{k['tau']:+.2f}"
