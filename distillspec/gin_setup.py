@@ -30,7 +30,7 @@ from distillspec.models import T5LM, DecoderOnlyLM, T5Config, TransformerConfig
 from distillspec.models.drafts import DraftSpec
 from distillspec.models.weight_checks import CheckpointError
 from distillspec.runs import disco, evaluate, online, plan, quickstart, train
-from distillspec.study import pipeline
+from distillspec.study import pipeline, recipes
 
 CONFIGS_DIR = command_line.CONFIGS_DIR
 
@@ -56,6 +56,9 @@ def register_configurables() -> dict[str, Callable[..., Any]]:
         ),
         "plan": gin.external_configurable(
             plan.plan, module="distillspec.plan", denylist=["stage", "bindings"]
+        ),
+        "recipes": gin.external_configurable(
+            recipes.recipes, module="distillspec.study", denylist=["stage", "bindings"]
         ),
         "online": gin.external_configurable(online.online, module="distillspec.online"),
     }
@@ -89,7 +92,7 @@ def run_function(name: str, command_line: bool = False) -> Callable[..., Any]:
         return lambda **kwargs: configured(config_text=config_str(), **serve, **kwargs)
     if serve:
         return lambda **kwargs: configured(**serve, **kwargs)
-    if name in ("quickstart", "study", "plan"):
+    if name in ("quickstart", "study", "plan", "recipes"):
         return lambda **kwargs: configured(stage=scoped_run, bindings=scoped_bindings, **kwargs)
     return configured
 
@@ -293,6 +296,12 @@ def load_config(files: list[str], bindings: list[str], search_paths: list[str] =
             raise
         name = match.group(1).rsplit("/", 1)[-1]
         raise ValueError(f"{e}\n  Valid parameters of {name}: {_parameter_names(name)}") from e
+
+
+def binds(selector: str) -> bool:
+    """Whether the parsed configuration binds `selector` (e.g. 'recipes.output_dir')."""
+    unset = object()
+    return _bound(selector, unset) is not unset
 
 
 def config_str() -> str:

@@ -8,7 +8,7 @@
         [--train_step_json runs/benchmarks/train_step.json]
         [--versus_trl_json runs/benchmarks/versus_trl.json] [--plan runs/plan]
         [--memory_json runs/benchmarks/memory_recipes.json]
-        [--online runs/online]
+        [--online runs/online] [--recipes_json runs/recipes/summary.json]
 
 Each flag points at one input; its default is where the documented command writes it. A page is
 written only for the inputs that exist, and docs/results/README.md lists every page with the
@@ -34,6 +34,7 @@ from typing import Any
 from distillspec import plots, seed_spread, tables
 from distillspec.records import RECORDS_FILE, eval_set, read_jsonl, timing_warnings
 from distillspec.runs import online_report, plan_report
+from distillspec.study import recipes_report
 from distillspec.study import report as study_report
 
 QUALITY_FILE = "quality.jsonl"
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--memory_json", default="runs/benchmarks/memory_recipes.json")
     add("--plan", default="runs/plan", help="python -m distillspec.plan --validate's OUTPUT_DIR")
     add("--online", default="runs/online", help="python -m distillspec.online's OUTPUT_DIR")
+    add("--recipes_json", default="runs/recipes/summary.json", help="the recipes' --json OUT")
     return parser
 
 
@@ -498,6 +500,24 @@ PAGES = (
         "Online distillation: the main job's draft adapting to a drifted stream it serves",
         "python -m distillspec.online --gin_file=experiments/online_quickstart.gin",
         online_page,
+    ),
+)
+
+
+def recipes_page(args: argparse.Namespace, out_dir: str) -> str | None:
+    summary = _json(args.recipes_json)
+    if summary is None:
+        return None
+    return f"Summary: `{args.recipes_json}`.\n\n{recipes_report.markdown(summary)}"
+
+
+PAGES += (
+    Page(
+        "recipes.md",
+        "Recipes at one budget: DistillSpec's divergences, the LK losses and AdaSPEC",
+        "python -m distillspec.study --gin_file=experiments/recipes_quickstart.gin --json "
+        "runs/recipes/summary.json",
+        recipes_page,
     ),
 )
 

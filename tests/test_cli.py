@@ -171,8 +171,52 @@ def test_tiny_study_runs_every_cell_writes_the_report_and_resumes(tiny_quickstar
     assert len(again) == len(made)
 
 
+def test_tiny_recipes_grid_writes_the_summary_and_the_page(tiny_quickstart, tmp_path):
+    """The recipes comparison on the tiny pair (served by the model cache): LK^lambda on-policy,
+    AdaSPEC's reference stage and its two selective runs, the --json OUT and the page."""
+    import argparse
+
+    from distillspec import metrics, report
+    from distillspec.study.__main__ import main
+
+    out, path = tmp_path / "recipes", tmp_path / "out.json"
+    gin.clear_config()
+    summary = main([
+        f"--output_dir={out}", "--gin_file=experiments/recipes_quickstart.gin",
+        f"--gin_file={CONFIGS / 'tiny_recipes.gin'}", "--json", str(path),
+    ])  # fmt: skip
+    gin.clear_config()
+    names = ["adaspec-fkl-fixed", "adaspec-lk_lambda-student", "fkl-fixed", "lk_lambda-student"]
+    assert sorted(os.listdir(out / "runs")) == [f"{n}-s0" for n in names]
+    assert json.loads(path.read_text()) == summary
+    assert sorted(summary["recipes"]) == sorted(summary["ranking"]) == names
+    keys = {f"stdlib_code/{t}/{g}" for t in (0, 1) for g in (2, 5)}
+    for recipe in summary["recipes"].values():
+        for metric, top in (("alpha", 1.0), ("tau", 6.0)):
+            assert set(recipe[metric]) == keys
+            for f in recipe[metric].values():
+                low, high = f["interval_90"]
+                assert 0 <= low <= high <= top and f["seeds"] == 1 and f["seed_sd"] is None
+    # AdaSPEC's budget counts its reference's training; only its runs select tokens.
+    ada, ref = summary["recipes"]["adaspec-fkl-fixed"], summary["recipes"]["fkl-fixed"]
+    assert ada["train_seconds"] > ref["train_seconds"] > 0
+    for name in names:
+        rows = [r for r in metrics.read_metrics(out / "runs" / f"{name}-s0") if "loss" in r]
+        fractions = [r["selected_fraction"] for r in rows if "selected_fraction" in r]
+        if name.startswith("adaspec"):  # ceil(0.4 n) of a step's n tokens (n <= 32), or ties.
+            assert len(fractions) == len(rows) > 0
+            assert all(0.4 <= f < 0.6 for f in fractions), fractions
+        else:
+            assert not fractions
+    assert summary["adaspec_vs_distillspec_pct"]["adaspec"].startswith("adaspec-")
+    assert set(summary["lk_vs_fkl_pct"]) == set()  # No on-policy FKL in the tiny grid.
+    page = report.recipes_page(argparse.Namespace(recipes_json=str(path)), str(tmp_path))
+    assert "AdaSPEC's +15% over DistillSpec" in page and "| 1 |" in page
+
+
 def test_study_rejects_unknown_cells_naming_the_valid_ones(tiny_quickstart, tmp_path):
-    with pytest.raises(ValueError, match=r"'kl' is not one of \('fkl', 'rkl', 'jsd', 'tvd'\)"):
+    valid = r"\('fkl', 'rkl', 'jsd', 'tvd', 'lk_alpha', 'lk_lambda', 'lk_lambda_mean'\)"
+    with pytest.raises(ValueError, match=rf"'kl' is not one of {valid}"):
         _study(tmp_path / "s", "--gin.study.divergences=['kl']")
     with pytest.raises(ValueError, match=r"study.data_sources: 'on-policy' is not one of"):
         _study(tmp_path / "s", "--gin.study.data_sources=['on-policy']")

@@ -35,7 +35,8 @@ PAGES = (
 )  # fmt: skip
 GIN_RUNS = {"train", "evaluate", "quickstart", "disco", "study", "plan", "online"}
 # Parsed before gin's flags.
-OWN_FLAGS = {"quickstart": "--output_dir", "study": "--output_dir", "online": "--json"}
+OWN_FLAGS = {"quickstart": ("--output_dir",), "study": ("--output_dir", "--json"),
+             "online": ("--json",)}  # fmt: skip
 IMPLICIT_GIN = {"quickstart": "experiments/quickstart.gin"}
 SHELL_BLOCKS = ("", "bash", "sh", "shell", "console")
 SEPARATORS = {"&&", "||", ";", "|", "do", "done", "then", "(", ")"}
@@ -106,13 +107,13 @@ def _drop_own_flag(run: str, args: list[str]) -> list[str]:
         from distillspec import plan
 
         return plan.build_parser().parse_known_args(args)[1]
-    flag, out, skip = OWN_FLAGS.get(run), [], False
+    flags, out, skip = OWN_FLAGS.get(run, ()), [], False
     for arg in args:
         if skip:
             skip = False
-        elif flag and arg == flag:
+        elif arg in flags:
             skip = True
-        elif not (flag and arg.startswith(flag + "=")):
+        elif not any(arg.startswith(flag + "=") for flag in flags):
             out.append(arg)
     return out
 

@@ -51,7 +51,7 @@ def test_loss_config_rejects_unknown_divergence_listing_valid_ones(divergence):
         trainer.LossConfig(divergence=divergence)
     message = str(info.value)
     assert "LossConfig.divergence" in message and repr(divergence) in message
-    for valid in ("fkl", "rkl", "jsd", "tvd", "ce"):
+    for valid in ("fkl", "rkl", "jsd", "tvd", "lk_alpha", "lk_lambda", "lk_lambda_mean", "ce"):
         assert repr(valid) in message
 
 
@@ -168,7 +168,7 @@ def _step_fn(divergence: str, learning_rate: float = 3e-2):
     return trainer.compile_train_step(STUDENT, teacher, loss, optimizer), optimizer
 
 
-@pytest.mark.parametrize("divergence", ["fkl", "rkl", "jsd", "tvd", "ce"])
+@pytest.mark.parametrize("divergence", ["fkl", "rkl", "jsd", "tvd", "lk_alpha", "lk_lambda", "ce"])
 def test_train_step_decreases_the_loss_and_leaves_the_teacher_alone(divergence, params):
     student_params, teacher_params = params
     teacher_before = _copy(teacher_params)
