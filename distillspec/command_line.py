@@ -257,22 +257,36 @@ def _data_problems(macro: str, path: Any, needs_completions: bool, prompt_key: s
         return [f"{macro}: data path {path!r} does not exist"]
     if not (os.path.isfile(path) and path.endswith(".jsonl")):
         return []
-    has_completion = False
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                return [f"{path}:{number} is not a JSON object: {e}"]
-            if not isinstance(row, dict) or not isinstance(row.get(prompt_key), str):
-                keys = sorted(row)[:10] if isinstance(row, dict) else "not an object"
-                return [f"{path}:{number} has no string under the prompt key {prompt_key!r} "
-                        f"(FileTask.prompt_key); keys: {keys}"]  # fmt: skip
-            has_completion = has_completion or completion_key in row
+    try:
+        rows = jsonl_rows(path, prompt_key)
+    except ValueError as e:
+        return [str(e)]
+    has_completion = any(completion_key in row for _, row in rows)
     if needs_completions and not has_completion:
         return [f"{path!r} holds prompts only (no {completion_key!r} key), so it cannot give the "
                 "fixed data set's completions: LAMBDA1 (DataMixture.fixed_data_fraction) must "
                 "be 0 (teacher- or student-generated data)"]  # fmt: skip
     return []
+
+
+def jsonl_rows(path: str, prompt_key: str = "prompt") -> list[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a JSONL file; ValueError naming the
+    first line that is not a JSON object or has no string under `prompt_key`."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{number} is not a JSON object: {e}") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{number} is not a JSON object")
+            if not isinstance(obj.get(prompt_key), str):
+                raise ValueError(
+                    f"{path}:{number} has no string under the prompt key {prompt_key!r} "
+                    f"(FileTask.prompt_key); keys: {sorted(obj)[:10]}"
+                )
+            rows.append((number, obj))
+    return rows

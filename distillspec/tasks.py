@@ -30,7 +30,6 @@ import dataclasses
 import difflib
 import functools
 import hashlib
-import json
 import os
 import re
 import sys
@@ -40,7 +39,7 @@ import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from distillspec import corpus
+from distillspec import command_line, corpus
 from distillspec.vocabularies import get_vocabulary
 
 
@@ -400,23 +399,7 @@ class FileTask:
 
 def _jsonl_examples(path: str, task: FileTask) -> list[dict[str, str]]:
     """{'inputs', 'targets'} per line (targets '' for a prompts-only file)."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number} is not a JSON object: {e}") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get(task.prompt_key), str):
-                raise ValueError(
-                    f"{path}:{number} has no string under the prompt key "
-                    f"{task.prompt_key!r} (FileTask.prompt_key); keys: {sorted(obj)[:10]}"
-                    if isinstance(obj, dict)
-                    else f"{path}:{number} is not a JSON object"
-                )
-            rows.append((number, obj))
+    rows = command_line.jsonl_rows(path, task.prompt_key)
     with_completion = [n for n, obj in rows if task.completion_key in obj]
     if rows and not with_completion:
         _notice_prompts_only(path, task, rows)

@@ -41,6 +41,11 @@ def _flags(target_dir, out, *extra):
     ]  # fmt: skip
 
 
+def result_headline(out) -> str:
+    """plan.md's headline (its third line, between the bold marks)."""
+    return (out / "plan.md").read_text().splitlines()[2].strip("*")
+
+
 def _run(argv):
     gin.clear_config()
     try:
@@ -212,8 +217,19 @@ def test_plan_end_to_end_and_its_draft_trains_as_is(tmp_path, target_dir, capsys
     assert [best(n) for n in piloted] == sorted(map(best, piloted), reverse=True)
     text = (out / "plan.md").read_text()
     assert result["choice"] in text.splitlines()[2] and (out / "plan.png").stat().st_size > 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert printed and max(len(line) for line in printed.splitlines()) <= 100
+    # Quiet: one line per pilot (its [train] log, c line included, goes to pilot/<name>.log:
+    # one c per candidate on the console, the plan's), the headline wrapped between words.
+    console = (captured.out + captured.err).splitlines()
+    assert len(console) <= 40 and not [line for line in console if "[train]" in line]
+    pilots = [line for line in console if line.startswith("[plan] pilot of ")]
+    assert len(pilots) == len(piloted) and all("held-out acceptance T = 0" in p for p in pilots)
+    for name in piloted:
+        assert "[train] done in" in (out / "pilot" / f"{name}.log").read_text()
+    head = printed.split("\nrank ")[0].splitlines()
+    assert " ".join(head) == result_headline(out)  # Wrapped at spaces only.
     # draft.gin is the chosen draft and the recipe the plan priced, for `train` as is; the
     # recipe's runs/distill.gin settings stay macros (flags still override them).
     draft_gin = (out / "draft.gin").read_text()
@@ -295,7 +311,7 @@ def test_the_plan_serves_at_the_targets_temperature_or_at_several_sharing_costs(
     for name, row in greedy["candidates"].items():
         if row["pilot"]:  # One pilot serves both temperatures.
             assert row["pilot"]["seconds"] == sampled["candidates"][name]["pilot"]["seconds"]
-    assert sorted(p.name for p in (out / "pilot").iterdir()) == sorted(
+    assert sorted(p.name for p in (out / "pilot").iterdir() if p.is_dir()) == sorted(
         n for n, r in greedy["candidates"].items() if r["pilot"]
     )
     with pytest.raises(ValueError, match="plan.temperature .* or plan.temperatures"):

@@ -19,6 +19,7 @@ Pilots and full runs resume from their MODEL_DIRs under OUTPUT_DIR.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -376,10 +377,16 @@ def _pilot(candidate, model_dir, steps, teacher_checkpoint, recipe, stage, targe
     the full run's schedule, so the pilot is that run's prefix): its steps, seconds, the
     trainer's acceptance proxy and how far its learning curve says the full run's disagreement
     shrinks (`curve_ratio`); and {temperature: its held-out acceptance} for each reference."""
-    print(f"[plan] pilot of {candidate.name}: {steps} steps", file=sys.stderr, flush=True)
     start = time.perf_counter()
     loop = dataclasses.replace(recipe["loop"], stop_at=min(steps, recipe["loop"].train_steps))
-    _train(stage, candidate, model_dir, teacher_checkpoint, loop)
+    log = model_dir + ".log"  # The pilot's whole [train] output; the console gets one line.
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    try:
+        with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+            _train(stage, candidate, model_dir, teacher_checkpoint, loop)
+    except BaseException:
+        print(f"[plan] pilot of {candidate.name} failed; its log: {log}", file=sys.stderr)
+        raise
     seconds = time.perf_counter() - start
     draft, draft_params = for_decoding(*load_checkpoint(os.path.join(model_dir, "export")),
                                        "float32")  # fmt: skip
@@ -391,11 +398,18 @@ def _pilot(candidate, model_dir, steps, teacher_checkpoint, recipe, stage, targe
              for m in metrics.read_metrics(model_dir)
              if m.get("acceptance_proxy") is not None]  # fmt: skip
     tail = [p for _, p in curve[-max(1, int(len(curve) * PROXY_SHARE)) :]]
+    said = ", ".join(f"T = {t:g}: {_two(a)}" for t, a in held_out.items())
+    print(f"[plan] pilot of {candidate.name}: {steps} steps in {seconds:.0f} s, held-out "
+          f"acceptance {said} (log: {log})", file=sys.stderr, flush=True)  # fmt: skip
     return {
         "steps": steps, "seconds": round(seconds, 1),
         "proxy": statistics.fmean(tail) if tail else None,
         "curve_ratio": planning.curve_ratio(curve, recipe["loop"].train_steps),
     }, held_out  # fmt: skip
+
+
+def _two(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
 
 
 def _train(stage, candidate, model_dir, teacher_checkpoint, loop) -> str:

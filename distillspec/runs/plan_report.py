@@ -3,7 +3,9 @@ summary, and the check of a plan against fully trained drafts (validation.json /
 
 from __future__ import annotations
 
+import math
 import os
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -166,7 +168,7 @@ def title(ctx: Mapping[str, Any]) -> str:
 
 def summary(result: Mapping[str, Any], headline: str, output_dir: str) -> str:
     """The terminal summary, at most 100 columns."""
-    lines = [headline[i : i + 100] for i in range(0, len(headline), 100)]
+    lines = textwrap.wrap(headline + ".", 100, break_long_words=False, break_on_hyphens=False)
     lines.append(f"{'rank':>4}  {'candidate':<24} {'params M':>8} {'c':>6} {'alpha':>6} "
                  f"{'speed-up':>9} {'gamma':>5}  note")  # fmt: skip
     for name in result["order"]:
@@ -208,29 +210,44 @@ def draft_gin(candidate, context, headline: str, gamma: int | None = None,
 
 def plot(rows: Mapping[str, Mapping[str, Any]], path: str) -> None:
     """plan.png: each candidate's predicted speed-up (pilot) and its ceiling (every draft
-    accepted) against its parameters, with the break-even line."""
+    accepted) against its parameters, with the break-even line. Labels of candidates close on
+    the plot are stacked apart, the legend sits below the axes (it hides no point) and lists
+    only the series drawn, and the log axis is ticked at 1, 2 and 5 per decade."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    points = []
     for name, row in rows.items():
-        x = row["params"] / 1e6
-        ceiling = (row.get("ceiling") or (None, None))[1]
+        x, ceiling = row["params"] / 1e6, (row.get("ceiling") or (None, None))[1]
         if ceiling:
             ax.scatter([x], [ceiling], marker="_", color="grey", s=200)
         if row["best_speedup"]:
             ax.scatter([x], [row["best_speedup"]], color="C0")
-        ax.annotate(name, (x, row["best_speedup"] or ceiling or 1.0), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
+        points.append((x, row["best_speedup"] or ceiling or 1.0, name))
+    values = [y for _, y, _ in points] + [1.0]
+    span = (max(values) - min(values)) or 1.0
+    placed = []
+    for x, y, name in sorted(points):
+        near = sum(1 for px, py in placed if abs(math.log(x / px)) < 0.5 and abs(y - py) < span / 8)
+        ax.annotate(name, (x, y), fontsize=7, xytext=(4, 4 + 9 * near), textcoords="offset points")
+        placed.append((x, y))
     ax.axhline(1.0, color="C3", linestyle="--", label="break-even (1x)")
-    ax.scatter([], [], color="C0", label="predicted after the pilot (best γ)")
-    ax.scatter([], [], marker="_", color="grey", label="ceiling: every draft accepted")
+    if any(row["best_speedup"] for row in rows.values()):
+        ax.scatter([], [], color="C0", label="predicted after the pilot (best γ)")
+    if any((row.get("ceiling") or (None, None))[1] for row in rows.values()):
+        ax.scatter([], [], marker="_", color="grey", label="ceiling: every draft accepted")
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.margins(x=0.15, y=0.12)
     ax.set_xlabel("draft parameters (M)")
     ax.set_ylabel("batch-1 latency speed-up")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
