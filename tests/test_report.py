@@ -49,7 +49,8 @@ def _argv(tmp_path, *extra):
         "--study", missing, "--speculative_json", f"{missing}.json",
         "--disco_json", f"{missing}.json", "--disco_trained_json", f"{missing}.json",
         "--train_step_json", f"{missing}.json", "--versus_trl_json", f"{missing}.json",
-        "--memory_json", f"{missing}.json", "--plan", missing, "--online", missing, *extra,
+        "--memory_json", f"{missing}.json", "--plan", missing, "--online", missing,
+        "--recipes_json", f"{missing}.json", *extra,
     ]  # fmt: skip
 
 
@@ -60,7 +61,7 @@ def test_pages_only_for_inputs_that_exist_and_an_index_of_all(tmp_path):
         "quickstart.md": True, "seeds.md": False, "disco.md": True, "study.md": False,
         "speculative.md": False, "disco_benchmark.md": False, "disco_trained.md": False,
         "train_step.md": False, "versus_trl.md": False, "memory.md": False, "plan.md": False,
-        "online.md": False,
+        "online.md": False, "recipes.md": False,
     }  # fmt: skip
     out = tmp_path / "results"
     assert sorted(p.name for p in out.iterdir()) == [
@@ -72,7 +73,7 @@ def test_pages_only_for_inputs_that_exist_and_an_index_of_all(tmp_path):
         assert page.title in index and page.producer in index
     assert "[The main job: Table C.1 and quality](quickstart.md)" in index
     assert "| Benchmark: where a distillation step's time goes |" in index  # Not linked.
-    assert index.count("no: input not found") == 10
+    assert index.count("no: input not found") == 11
 
 
 def test_a_page_is_stamped_and_shows_the_records_figures(tmp_path):
