@@ -477,6 +477,16 @@ class _NoLogger:
         pass
 
 
+def _save(ckpt, state, step: int, last_saved, model_dir: str) -> int:
+    """Saves `state` as checkpoint `step` (returned: the new last saved step). The step's loss
+    was computed before its update, so a finite loss does not mean finite new parameters (e.g.
+    an overflowing learning rate): they are checked before they can replace the last good
+    checkpoint."""
+    check_finite_params(state.params, step, last_saved, model_dir)
+    ckpt.save(step, state)
+    return step
+
+
 def fit(
     model_dir: str,
     models: Models,
@@ -528,9 +538,7 @@ def fit(
     if mesh is not None and primary:
         _log_bytes(models, state)
     ckpt = checkpoints.Checkpointer(model_dir, max_to_keep=loop.keep_checkpoints)
-    start, restored = 0, ckpt.restore_latest(state)
-    if restored is not None:
-        start, state = restored
+    start, state = ckpt.restore_latest(state) or (0, state)  # (step, state) or None.
     _report_start(description, start, loop.train_steps, model_dir, primary, loop.stop_at)
     last = loop.stop_at or loop.train_steps
     step_fn = compile_train_step(models.student, models.teacher, loss, optimizer, shardings, mesh)
@@ -571,12 +579,7 @@ def fit(
                 stop = watcher.requested(step + 1) and step + 1 < last
                 end = (step + 1) % loop.checkpoint_period == 0 or step + 1 == last
                 if (end or stop) and step + 1 != last_saved:
-                    # The step's loss was computed before its update, so a finite loss does
-                    # not mean finite new parameters (e.g. an overflowing learning rate):
-                    # check them before they can replace the last good checkpoint.
-                    check_finite_params(state.params, step + 1, last_saved, model_dir)
-                    ckpt.save(step + 1, state)
-                    last_saved = step + 1
+                    last_saved = _save(ckpt, state, step + 1, last_saved, model_dir)
                 if stop:
                     raise Preempted(step + 1, model_dir)
     finally:
